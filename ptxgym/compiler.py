@@ -1,0 +1,509 @@
+"""Compile a candidate into a shared library with nvcc, cached by content hash.
+
+The candidate is written verbatim as ``candidate.cu`` into a fresh build folder, next to the
+knowledge pack's wrapper header, and compiled through a small ``build.cu`` of ours that includes
+it and asserts the entry point's exact C signature. Nothing else is on the include path, and the
+static policy (``ptxgym.policy``) has already refused includes by path; before the real build the
+host-side preprocessed source is also scanned for assembler ``.incbin``/``.include``, which macros
+could otherwise assemble. The compiler log is trimmed to what helps the next attempt and never
+echoes a line of a file outside the submission.
+
+Results (success or failure) are cached under ``<cache>/builds/<hash>``: a build folder is
+created under ``<cache>/tmp`` and renamed into place, so concurrent compiles of the same source
+are safe (the first rename wins, the others reuse it).
+"""
+
+from __future__ import annotations
+
+import codecs
+import hashlib
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field, replace
+from functools import cache
+from pathlib import Path
+
+from ptxgym import paths
+from ptxgym.policy import pack_header_name
+from ptxgym.tasks import Task, c_parameter_types
+
+DEFAULT_TIMEOUT_S = 180.0
+MAX_CACHED_BUILDS = 4000
+_RECIPE_VERSION = "1"  # bump when the build recipe changes, to invalidate cached results
+_MEMORY_LIMIT_BYTES = 8 << 30  # per compiler process: stops template/constexpr bombs
+_FILE_SIZE_LIMIT_BYTES = 512 << 20
+_MAX_LOG_CHARS = 6000
+_MAX_DIAGNOSTICS = 12
+
+CANDIDATE_FILE = "candidate.cu"
+LIBRARY_FILE = "candidate.so"
+_BUILD_FILE = "build.cu"
+_RESULT_FILE = "result.json"
+_KEEP_DIR = "intermediates"
+
+
+class CompilerUnavailable(RuntimeError):
+    """nvcc (or the binutils it needs) is not installed: no candidate can be built here."""
+
+
+@dataclass(frozen=True)
+class KernelResources:
+    """What ptxas reports for one ``__global__`` function."""
+
+    name: str
+    registers: int
+    shared_bytes: int
+    stack_bytes: int
+    spill_store_bytes: int
+    spill_load_bytes: int
+    barriers: int
+
+
+@dataclass(frozen=True)
+class CompileResult:
+    """The outcome of building one candidate for one task's target."""
+
+    ok: bool
+    log: str
+    source_hash: str
+    arch: str
+    seconds: float
+    cached: bool = False
+    timed_out: bool = False
+    warnings: tuple[str, ...] = ()
+    kernels: tuple[KernelResources, ...] = ()
+    library: str | None = None
+    command: tuple[str, ...] = field(default=(), repr=False)
+
+
+@cache
+def nvcc_path() -> str:
+    found = shutil.which("nvcc") or shutil.which(
+        str(Path(os.environ.get("CUDA_HOME", "/usr/local/cuda")) / "bin" / "nvcc")
+    )
+    if not found:
+        raise CompilerUnavailable(
+            "nvcc was not found on PATH or in $CUDA_HOME/bin: install the CUDA toolkit (12.8+)"
+        )
+    return found
+
+
+@cache
+def nvcc_version() -> str:
+    out = subprocess.run(
+        [nvcc_path(), "--version"], capture_output=True, text=True, timeout=60, check=False
+    )
+    return out.stdout.strip().splitlines()[-1] if out.stdout.strip() else "unknown"
+
+
+def nvcc_command(task: Task) -> list[str]:
+    """The nvcc invocation for a task, run inside the build folder."""
+    return [
+        nvcc_path(),
+        "-std=c++17",
+        "-O3",
+        "-lineinfo",
+        "-shared",
+        "-Xcompiler",
+        "-fPIC",
+        "-Xptxas",
+        "-v",
+        *task.target.nvcc_flags,
+        "-I.",
+        # Fail at build time, not at load time, on any symbol the CUDA runtime does not provide
+        # (e.g. a hand-declared cuBLAS function).
+        "-Xlinker",
+        "-z,defs",
+        "-keep",
+        "-keep-dir",
+        _KEEP_DIR,
+        "-o",
+        LIBRARY_FILE,
+        _BUILD_FILE,
+    ]
+
+
+def build_source(task: Task) -> str:
+    """Our translation unit: the candidate, then a check of its entry point's C signature."""
+    symbol = task.entry_point.symbol
+    params = ", ".join(c_parameter_types(task.definition, task.entry_point))
+    message = (
+        f"the entry point {symbol} does not have the required signature: "
+        f"{task.entry_point.signature}"
+    ).replace('"', '\\"')
+    return (
+        f'#include "{CANDIDATE_FILE}"\n'
+        "#include <cuda_bf16.h>\n#include <cuda_runtime.h>\n#include <type_traits>\n"
+        f"static_assert(std::is_same<decltype(&{symbol}), int (*)({params})>::value ||\n"
+        f"              std::is_same<decltype(&{symbol}), cudaError_t (*)({params})>::value,\n"
+        f'              "{message}");\n'
+    )
+
+
+def _pack_header(task: Task) -> bytes:
+    path = paths.packs_dir() / task.target.pack / "wrappers.cuh"
+    return path.read_bytes() if path.is_file() else b""
+
+
+def source_hash(source: str, task: Task) -> str:
+    """Content hash of everything that determines the build's result."""
+    digest = hashlib.sha256()
+    for part in (
+        _RECIPE_VERSION,
+        source,
+        build_source(task),
+        _pack_header(task).decode("utf-8", "replace"),
+        json.dumps(nvcc_command(task)[1:]),
+        nvcc_version(),
+    ):
+        digest.update(part.encode("utf-8", "surrogatepass"))
+        digest.update(b"\0")
+    return digest.hexdigest()
+
+
+def compile_source(
+    source: str,
+    task: Task,
+    *,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    cache_root: Path | None = None,
+) -> CompileResult:
+    """Build ``source`` for ``task``'s target, or return the cached result of an identical build.
+
+    The source must already have passed :func:`ptxgym.policy.check_policy`.
+    """
+    root = cache_root or paths.cache_dir()
+    key = source_hash(source, task)
+    final = root / "builds" / key[:2] / key
+    if cached := _load_cached(final):
+        return cached
+    (root / "tmp").mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="build-", dir=root / "tmp"))
+    try:
+        result = _build(source, task, key, work, timeout_s)
+        (work / _RESULT_FILE).write_text(json.dumps(asdict(result)), encoding="utf-8")
+        final.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.rename(work, final)
+        except OSError:
+            # Another process finished the same build first: use its result.
+            if cached := _load_cached(final):
+                return cached
+            raise
+        _prune(root / "builds")
+        return _with_library_path(result, final)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _load_cached(folder: Path) -> CompileResult | None:
+    try:
+        data = json.loads((folder / _RESULT_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    os.utime(folder)  # recently used: kept longest by _prune
+    data["kernels"] = tuple(KernelResources(**k) for k in data["kernels"])
+    data["warnings"] = tuple(data["warnings"])
+    data["command"] = tuple(data["command"])
+    return _with_library_path(CompileResult(**{**data, "cached": True}), folder)
+
+
+def _with_library_path(result: CompileResult, folder: Path) -> CompileResult:
+    return replace(result, library=str(folder / LIBRARY_FILE)) if result.ok else result
+
+
+def _prune(builds: Path) -> None:
+    """Keep the cache bounded: drop the least recently used builds beyond the limit."""
+    entries = [entry for prefix in builds.iterdir() for entry in prefix.iterdir()]
+    if len(entries) <= MAX_CACHED_BUILDS:
+        return
+    entries.sort(key=lambda p: p.stat().st_mtime)
+    for entry in entries[: len(entries) - MAX_CACHED_BUILDS]:
+        shutil.rmtree(entry, ignore_errors=True)
+
+
+def _build(source: str, task: Task, key: str, work: Path, timeout_s: float) -> CompileResult:
+    started = time.perf_counter()
+    (work / CANDIDATE_FILE).write_text(source, encoding="utf-8")
+    (work / _BUILD_FILE).write_text(build_source(task), encoding="utf-8")
+    (work / pack_header_name(task)).write_bytes(_pack_header(task))
+    command = nvcc_command(task)
+
+    def result(ok: bool, log: str, **extra: object) -> CompileResult:
+        return CompileResult(
+            ok=ok,
+            log=log,
+            source_hash=key,
+            arch=task.target.arch,
+            seconds=round(time.perf_counter() - started, 3),
+            command=tuple(command[1:]),
+            **extra,  # type: ignore[arg-type]
+        )
+
+    preprocess = [*command[:-5], "-E", "-o", "preprocessed.ii", _BUILD_FILE]
+    code, output, timed_out = _run(preprocess, work, timeout_s)
+    if timed_out:
+        return result(False, f"compile timed out after {timeout_s:.0f} s", timed_out=True)
+    if code == 0:
+        text = (work / "preprocessed.ii").read_text(encoding="utf-8", errors="replace")
+        if found := _assembler_file_directive(text):
+            return result(
+                False,
+                f"policy: the preprocessed source holds the assembler directive {found!r}, "
+                "which reads a file; it is not allowed",
+            )
+    (work / "preprocessed.ii").unlink(missing_ok=True)
+
+    (work / _KEEP_DIR).mkdir()
+    remaining = max(1.0, timeout_s - (time.perf_counter() - started))
+    code, output, timed_out = _run(command, work, remaining)
+    if timed_out:
+        return result(False, f"compile timed out after {timeout_s:.0f} s", timed_out=True)
+    kernels = _parse_resources(output)
+    log, warnings = _trim_log(output, work, task)
+    shutil.rmtree(work / _KEEP_DIR, ignore_errors=True)
+    if code != 0:
+        return result(False, log or f"nvcc failed with exit code {code}", warnings=warnings)
+    exported = _exported_symbols(work / LIBRARY_FILE)
+    if task.entry_point.symbol not in exported:
+        return result(
+            False,
+            f"the library does not export {task.entry_point.symbol}: declare it "
+            f'extern "C" and not static or inline',
+            warnings=warnings,
+        )
+    return result(True, log, warnings=warnings, kernels=kernels)
+
+
+def _run(command: list[str], cwd: Path, timeout_s: float) -> tuple[int, str, bool]:
+    """Run a compiler process in its own session with resource limits; kill the group on timeout."""
+    limited = [
+        "prlimit",
+        f"--as={_MEMORY_LIMIT_BYTES}",
+        f"--fsize={_FILE_SIZE_LIMIT_BYTES}",
+        "--core=0",
+        "--",
+        *command,
+    ]
+    if not shutil.which("prlimit"):
+        limited = command
+    environment = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "HOME": str(cwd),
+        "TMPDIR": str(cwd),
+        "LANG": "C",
+        "LC_ALL": "C",
+    }
+    process = subprocess.Popen(
+        limited,
+        cwd=cwd,
+        env=environment,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    try:
+        stdout, _ = process.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.communicate()
+        return -1, "", True
+    return process.returncode, stdout.decode("utf-8", "replace"), False
+
+
+_STRING_LITERAL_RE = re.compile(r'"((?:[^"\\\n]|\\.)*)"')
+_FILE_DIRECTIVE_RE = re.compile(r"\.(incbin|include)\b", re.IGNORECASE)
+
+
+def _assembler_file_directive(preprocessed: str) -> str | None:
+    """Find ``.incbin``/``.include`` in the preprocessed text or its joined, unescaped literals."""
+    if found := _FILE_DIRECTIVE_RE.search(preprocessed):
+        return found.group()
+    joined: list[str] = []
+    last_end = -1
+    for match in _STRING_LITERAL_RE.finditer(preprocessed):
+        try:
+            text = codecs.decode(match.group(1), "unicode_escape")
+        except UnicodeDecodeError:
+            text = match.group(1)
+        if joined and not preprocessed[last_end : match.start()].strip():
+            joined[-1] += text
+        else:
+            joined.append(text)
+        last_end = match.end()
+    for text in joined:
+        if found := _FILE_DIRECTIVE_RE.search(text):
+            return found.group()
+    return None
+
+
+_ENTRY_RE = re.compile(r"ptxas info\s*: Compiling entry function '([^']+)'")
+_PROPERTIES_RE = re.compile(r"ptxas info\s*: Function properties for (\S+)")
+_FRAME_RE = re.compile(
+    r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads"
+)
+_USED_RE = re.compile(r"ptxas info\s*: Used (\d+) registers(?:, used (\d+) barriers)?(.*)")
+_SMEM_RE = re.compile(r"(\d+) bytes smem")
+
+
+def _parse_resources(output: str) -> tuple[KernelResources, ...]:
+    """Per-entry-function registers, shared memory, stack and spills from ``ptxas -v``."""
+    frames: dict[str, tuple[int, int, int]] = {}
+    usage: dict[str, tuple[int, int, int]] = {}
+    entries: list[str] = []
+    current: str | None = None
+    lines = output.splitlines()
+    for index, line in enumerate(lines):
+        if match := _ENTRY_RE.search(line):
+            current = match.group(1)
+            entries.append(current)
+        elif (match := _PROPERTIES_RE.search(line)) and index + 1 < len(lines):
+            if frame := _FRAME_RE.search(lines[index + 1]):
+                frames[match.group(1)] = (int(frame[1]), int(frame[2]), int(frame[3]))
+        elif (match := _USED_RE.search(line)) and current is not None:
+            smem = _SMEM_RE.search(match.group(3))
+            usage[current] = (
+                int(match.group(1)),
+                int(match.group(2) or 0),
+                int(smem.group(1)) if smem else 0,
+            )
+    names = _demangle(entries)
+    kernels = []
+    for mangled in entries:
+        registers, barriers, shared = usage.get(mangled, (0, 0, 0))
+        stack, spill_store, spill_load = frames.get(mangled, (0, 0, 0))
+        kernels.append(
+            KernelResources(
+                names[mangled], registers, shared, stack, spill_store, spill_load, barriers
+            )
+        )
+    return tuple(kernels)
+
+
+def _demangle(names: list[str]) -> dict[str, str]:
+    if not names or not shutil.which("c++filt"):
+        return {n: n for n in names}
+    out = subprocess.run(
+        ["c++filt"], input="\n".join(names), capture_output=True, text=True, check=False
+    )
+    demangled = out.stdout.splitlines()
+    if out.returncode != 0 or len(demangled) != len(names):
+        return {n: n for n in names}
+    return dict(zip(names, demangled, strict=True))
+
+
+def _exported_symbols(library: Path) -> set[str]:
+    """Dynamic symbols the library defines (read with nm; the library is never loaded here)."""
+    if not shutil.which("nm"):
+        raise CompilerUnavailable("nm (binutils) is needed to inspect built libraries")
+    out = subprocess.run(
+        ["nm", "-D", "--defined-only", str(library)],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
+    return {line.split()[-1] for line in out.stdout.splitlines() if line.strip()}
+
+
+_DIAGNOSTIC_RE = re.compile(
+    r"^(?P<file>[^\s()][^()]*?)\((?P<line>\d+)\): (?P<kind>error|warning|remark)"
+    r"(?P<code>[^:]*): (?P<message>.*)$"
+)
+_PTXAS_RE = re.compile(
+    r"^ptxas (?P<file>\S+), line (?P<line>\d+); (?P<kind>error|warning)\s*: (?P<message>.*)$"
+)
+_PTXAS_OTHER_RE = re.compile(r"^ptxas (?P<kind>warning|error|fatal)\s*: (?P<message>.*)$")
+_UNDEFINED_RE = re.compile(r"undefined reference to [`'](?P<symbol>[^`']+)'")
+_SYSTEM_PREFIXES = ("/usr/local/cuda", "/usr/include", "/usr/lib/gcc", "/opt/nvidia")
+
+
+def _trim_log(output: str, work: Path, task: Task) -> tuple[str, tuple[str, ...]]:
+    """Keep errors and warnings that help; never echo a line from a file outside the build."""
+    blocks: list[str] = []
+    warnings: list[str] = []
+    lines = output.replace(str(work) + "/", "").splitlines()
+    index = 0
+    while index < len(lines):
+        line = lines[index]
+        index += 1
+        if match := _DIAGNOSTIC_RE.match(line):
+            # The diagnostic's continuation lines: the echoed source line, the caret, notes.
+            continuation = []
+            while index < len(lines) and not _starts_message(lines[index]):
+                continuation.append(lines[index])
+                index += 1
+            block = _diagnostic_block(match, continuation, task)
+            if block is not None:
+                if match["kind"] == "warning":
+                    warnings.append(block)
+                blocks.append(block)
+        elif match := _PTXAS_RE.match(line):
+            ptx_line = _ptx_line(work, match["file"], int(match["line"]))
+            block = f"ptxas {match['kind']}: {match['message']} (PTX line {match['line']}"
+            block += f": {ptx_line.strip()})" if ptx_line else ")"
+            if match["kind"] == "warning":
+                warnings.append(block)
+            blocks.append(block)
+        elif match := _PTXAS_OTHER_RE.match(line):
+            block = f"ptxas {match['kind']}: {match['message']}"
+            if match["kind"] == "warning":
+                warnings.append(block)
+            if match["kind"] != "fatal" or not blocks:
+                blocks.append(block)
+        elif match := _UNDEFINED_RE.search(line):
+            blocks.append(
+                f"link error: undefined reference to {match['symbol']!r} "
+                "(only the CUDA runtime is linked; define every function you call)"
+            )
+        elif line.startswith(("nvcc fatal", "nvcc error")):
+            blocks.append(line)
+    unique = list(dict.fromkeys(blocks))
+    shown = unique[:_MAX_DIAGNOSTICS]
+    if len(unique) > len(shown):
+        shown.append(f"... {len(unique) - len(shown)} more diagnostics not shown")
+    log = "\n".join(shown)
+    if len(log) > _MAX_LOG_CHARS:
+        log = log[:_MAX_LOG_CHARS] + "\n... (log truncated)"
+    return log, tuple(dict.fromkeys(warnings))
+
+
+def _starts_message(line: str) -> bool:
+    return bool(
+        _DIAGNOSTIC_RE.match(line)
+        or line.startswith(("ptxas", "nvcc", "/usr/bin/ld", "collect2"))
+        or re.match(r"^\d+ errors? detected", line)
+    )
+
+
+def _diagnostic_block(match: re.Match[str], continuation: list[str], task: Task) -> str | None:
+    file, kind, message = match["file"], match["kind"], match["message"].strip()
+    if file == CANDIDATE_FILE:
+        body = "\n".join(line for line in continuation if line.strip())
+        return f"{file}({match['line']}): {kind}: {message}" + (f"\n{body}" if body else "")
+    if file == _BUILD_FILE:
+        if "static assertion failed" in message:
+            return f"{kind}: the entry point does not match: {task.entry_point.signature}"
+        if "is undefined" in message:
+            return f"{kind}: the entry point {task.entry_point.symbol} is not defined"
+        return f"{kind}: {message}"
+    if file == pack_header_name(task):
+        return f"{file}({match['line']}): {kind}: {message}"
+    if file.startswith(_SYSTEM_PREFIXES):
+        return f"{Path(file).name}(system header): {kind}: {message}"
+    return f"{kind} in a file outside the submission (not shown)"
+
+
+def _ptx_line(work: Path, ptx_file: str, line: int) -> str | None:
+    path = (work / ptx_file).resolve()
+    if not path.is_relative_to(work.resolve()) or not path.is_file():
+        return None
+    lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    return lines[line - 1] if 0 < line <= len(lines) else None

@@ -1,0 +1,88 @@
+"""Action text → candidate source.
+
+The action is a CUDA source or a model reply that holds one. From a reply the last fenced block
+tagged as CUDA or C/C++ is taken (models often show a draft before the final version); with no
+tagged block, the last untagged block; with no fence at all, the whole text if it looks like code.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+MAX_ACTION_CHARS = 2_000_000
+"""Longest action examined at all; a model reply with reasoning is far shorter."""
+
+_CODE_TAGS = {"cuda", "cu", "cpp", "c++", "cxx", "cc", "c", "h", "hpp", "cuh"}
+# A fence opens at the start of a line with three or more backticks and an optional info string.
+_FENCE_RE = re.compile(r"^[ \t]*(`{3,})[ \t]*([^\s`]*)[^\n]*\n", re.MULTILINE)
+_CODE_HINT_RE = re.compile(r'extern\s+"C"|__global__|#\s*include|asm\s*(volatile\s*)?\(')
+_BAD_CONTROL_RE = re.compile(r"[\x00-\x08\x0e-\x1f\x7f]")
+
+
+@dataclass(frozen=True)
+class Extraction:
+    """The candidate source, or why none could be taken from the action."""
+
+    source: str | None
+    error: str | None = None
+
+
+def extract_source(action: str) -> Extraction:
+    """Take the candidate source out of an action. Raises ``TypeError`` for a non-string."""
+    if not isinstance(action, str):
+        raise TypeError(
+            f"the action must be a str holding CUDA source or a model reply, "
+            f"not {type(action).__name__}"
+        )
+    if len(action) > MAX_ACTION_CHARS:
+        return Extraction(
+            None, f"the action is {len(action):,} characters; at most {MAX_ACTION_CHARS:,} are read"
+        )
+    try:
+        action.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return Extraction(None, f"the action is not valid UTF-8 text (at character {exc.start})")
+    if match := _BAD_CONTROL_RE.search(action):
+        return Extraction(
+            None,
+            f"the action holds binary data (control byte {ord(match.group()):#04x} at "
+            f"character {match.start()}); send CUDA source text",
+        )
+    if not action.strip():
+        return Extraction(None, "the action is empty; send one ```cuda block with the kernel")
+
+    blocks = _fenced_blocks(action)
+    if blocks:
+        tagged = [code for tag, code in blocks if tag in _CODE_TAGS]
+        untagged = [code for tag, code in blocks if not tag]
+        chosen = tagged or untagged
+        if not chosen:
+            tags = sorted({tag for tag, _ in blocks})
+            return Extraction(
+                None, f"no ```cuda block found (the reply's code blocks are tagged {tags})"
+            )
+        source = chosen[-1]
+    elif _CODE_HINT_RE.search(action):
+        source = action
+    else:
+        return Extraction(
+            None, "no code found: put the complete kernel source in one ```cuda block"
+        )
+    if not source.strip():
+        return Extraction(None, "the last ```cuda block is empty")
+    return Extraction(source)
+
+
+def _fenced_blocks(text: str) -> list[tuple[str, str]]:
+    """(lowercased tag, content) of each fenced block; an unclosed last block runs to the end."""
+    blocks = []
+    position = 0
+    while match := _FENCE_RE.search(text, position):
+        fence, tag = match.group(1), match.group(2).lower()
+        start = match.end()
+        close = re.compile(rf"^[ \t]*{fence}`*[ \t]*$", re.MULTILINE).search(text, start)
+        end = close.start() if close else len(text)
+        blocks.append((tag, text[start:end]))
+        position = close.end() if close else len(text)
+    return blocks

@@ -1,0 +1,70 @@
+"""The record of one evaluated step: its status and what each stage found."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from enum import StrEnum
+from typing import Any
+
+from ptxgym.compiler import CompileResult
+
+
+class Status(StrEnum):
+    """One status per step (DESIGN §4), from the earliest failing stage."""
+
+    FORMAT_ERROR = "FORMAT_ERROR"
+    POLICY_VIOLATION = "POLICY_VIOLATION"
+    COMPILE_ERROR = "COMPILE_ERROR"
+    COMPILED = "COMPILED"
+    RUNTIME_ERROR = "RUNTIME_ERROR"
+    TIMEOUT = "TIMEOUT"
+    MEMORY_ERROR = "MEMORY_ERROR"
+    INCORRECT_SHAPE = "INCORRECT_SHAPE"
+    INCORRECT_DTYPE = "INCORRECT_DTYPE"
+    INCORRECT_NUMERICAL = "INCORRECT_NUMERICAL"
+    PASSED = "PASSED"
+
+    @property
+    def compiled(self) -> bool:
+        """The candidate was built into a library."""
+        return self not in (Status.FORMAT_ERROR, Status.POLICY_VIOLATION, Status.COMPILE_ERROR)
+
+    @property
+    def ran(self) -> bool:
+        """The candidate ran to completion on the GPU (whatever its outputs)."""
+        return self in (
+            Status.INCORRECT_SHAPE,
+            Status.INCORRECT_DTYPE,
+            Status.INCORRECT_NUMERICAL,
+            Status.PASSED,
+        )
+
+    @property
+    def correct(self) -> bool:
+        return self is Status.PASSED
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """Everything a step learned about one candidate.
+
+    ``qualified`` is None when it is unknown (not profiled, or the profile failed): unknown never
+    counts as qualified. ``speedup`` is baseline latency over candidate latency.
+    """
+
+    task_id: str
+    status: Status
+    message: str
+    evaluator: str
+    compile: CompileResult | None = None
+    latency_ms: float | None = None
+    baseline_latency_ms: float | None = None
+    speedup: float | None = None
+    qualified: bool | None = None
+    seconds: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict (``info`` and trajectory records use it)."""
+        data = asdict(self)
+        data["status"] = self.status.value
+        return data

@@ -1,0 +1,239 @@
+"""The first observation: task, contract, target, protocol, output format and knowledge pack.
+
+Three prompt variants say the same facts in different framings (the paper reports results as
+mean and range over variants, so a model is not tuned to one wording).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ptxgym.compiler import nvcc_command
+from ptxgym.packs import PackPart, estimate_tokens, load_pack
+from ptxgym.policy import ALLOWED_SYSTEM_HEADERS, MAX_SOURCE_CHARS, pack_header_name
+from ptxgym.tasks import DTYPE_BYTES, Task
+
+PROMPT_VARIANTS = (0, 1, 2)
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """The prompt text and its named sections (for token accounting)."""
+
+    text: str
+    sections: dict[str, str]
+
+    def tokens(self) -> dict[str, int]:
+        return {name: estimate_tokens(text) for name, text in self.sections.items()}
+
+
+def build_prompt(task: Task, *, variant: int = 0, knowledge: str = "full") -> Prompt:
+    """The full prompt for ``task`` in prompt ``variant`` with the pack at ``knowledge`` level."""
+    if variant not in PROMPT_VARIANTS:
+        raise ValueError(f"prompt_variant must be one of {PROMPT_VARIANTS}, not {variant!r}")
+    pack = load_pack(task.target.pack, knowledge)
+    sections = {
+        "introduction": _introduction(task, variant),
+        "task": _task_section(task),
+        "interface": _interface_section(task),
+        "target": _target_section(task),
+        "evaluation": _evaluation_section(task),
+        "rules": _rules_section(task),
+        "output": _output_section(variant),
+    }
+    for part in pack:
+        sections[f"pack:{part.name}"] = _pack_section(task, part)
+    order = list(sections)
+    if variant == 2:
+        # Reference material first, the assignment last: the task is freshest when writing.
+        order = [n for n in order if n.startswith("pack:")] + [
+            n for n in order if not n.startswith("pack:")
+        ]
+    text = "\n\n".join(sections[name].strip() for name in order) + "\n"
+    return Prompt(text, {name: sections[name] for name in order})
+
+
+def _introduction(task: Task, variant: int) -> str:
+    goal = (
+        f"a correct and fast CUDA kernel for {task.op} on an NVIDIA {task.gpu} "
+        f"({task.target.arch}) that really executes the architecture-specific instructions "
+        f"{_family_names(task)}"
+    )
+    if variant == 0:
+        return (
+            f"# Task {task.id}\n\nWrite {goal}, using inline PTX where CUDA C++ has no equivalent."
+        )
+    if variant == 1:
+        return (
+            f"# Task {task.id}\n\nYou are an expert GPU kernel engineer. Your job: {goal}. "
+            "You will get several turns: each submission is compiled, checked, profiled and "
+            "timed against the vendor library, and the results come back to you."
+        )
+    return (
+        f"# Reference material, then task {task.id}\n\nThe architecture reference comes first; "
+        f"the assignment follows it. The assignment: {goal}."
+    )
+
+
+def _family_names(task: Task) -> str:
+    families = task.target.instruction_families
+    return f"({families['compute'].name} or {families['data_movement'].name})"
+
+
+def _task_section(task: Task) -> str:
+    definition = task.definition
+    lines = ["## Operator", "", task.description.strip(), "", "### Axes", ""]
+    for name, axis in definition.axes.items():
+        value = f" = {axis.value}" if axis.value is not None else " (set by the workload)"
+        lines.append(f"- `{name}`{value}: {axis.description}")
+    for title, tensors in (("Inputs", definition.inputs), ("Outputs", definition.outputs)):
+        lines += ["", f"### {title}", ""]
+        for name, spec in tensors.items():
+            line = f"- `{name}`: {spec.dtype} [{', '.join(spec.shape)}], {spec.layout}"
+            lines.append(line + (f". {spec.description}" if spec.description else ""))
+    if definition.constraints:
+        lines += ["", "Constraints: " + "; ".join(f"`{c}`" for c in definition.constraints)]
+    lines += ["", "### Workloads", ""]
+    if task.pooled:
+        lines.append(
+            f"The kernel is evaluated on a pool of {len(task.workloads)} workloads; it must be "
+            "correct on all of them, and its speed is measured on each."
+        )
+    for workload in task.workloads:
+        axes = ", ".join(f"{k}={v}" for k, v in workload.axes.items())
+        lines.append(
+            f"- `{workload.name}`: {axes}"
+            + _sequence_summary(workload.sequences)
+            + (f" ({workload.description})" if workload.description else "")
+        )
+    return "\n".join(lines)
+
+
+def _sequence_summary(sequences: dict[str, list[int]]) -> str:
+    parts = []
+    for name, lengths in sequences.items():
+        distinct = sorted(set(lengths))
+        shown = ", ".join(map(str, distinct[:8])) + (", ..." if len(distinct) > 8 else "")
+        parts.append(f"{name} in {{{shown}}}")
+    return "; " + "; ".join(parts) if parts else ""
+
+
+def _interface_section(task: Task) -> str:
+    definition = task.definition
+    sizes = ", ".join(
+        f"{name} {DTYPE_BYTES[spec.dtype]} B/elem"
+        for name, spec in {**definition.inputs, **definition.outputs}.items()
+    )
+    return "\n".join(
+        [
+            "## Entry point",
+            "",
+            "Define exactly this function with C linkage:",
+            "",
+            "```c",
+            task.entry_point.signature,
+            "```",
+            "",
+            "- Every pointer is a device pointer to a contiguous tensor laid out as above "
+            f"({sizes}); inputs are const and must not be modified.",
+            "- The integer arguments are the axis values of the workload being run.",
+            "- Launch all work on `stream` (asynchronously; do not synchronize the device) and "
+            "return `cudaSuccess` (0) or the first CUDA error, e.g. `(int)cudaGetLastError()`.",
+            "- Scratch memory: allocate it with `cudaMallocAsync`/`cudaFreeAsync` on `stream`, or "
+            "once and keep it; it is yours.",
+            "- Host code may create TMA tensor maps with `cuTensorMapEncodeTiled` obtained through "
+            "`cudaGetDriverEntryPointByVersion` (include `<cudaTypedefs.h>`; libcuda is not "
+            "linked).",
+        ]
+    )
+
+
+def _target_section(task: Task) -> str:
+    families = task.target.instruction_families
+    command = " ".join(["nvcc", *nvcc_command(task)[1:]])
+    lines = [
+        "## Target",
+        "",
+        f"- GPU: {task.gpu} class, {task.target.devices}; code is built for `{task.target.arch}`.",
+        f"- Build: `{command}` (candidate.cu is your source, included by build.cu).",
+        "",
+        "### Required instructions",
+        "",
+        "A correct kernel qualifies only if, while it runs, it executes at least one family:",
+        "",
+    ]
+    for key, family in families.items():
+        groups = " and ".join("/".join(group) for group in family.all_of)
+        lines.append(f"- {key.replace('_', ' ')} `{family.name}`: {family.description} ({groups}).")
+    lines += [
+        "",
+        "Qualification is measured, not read from the source: Nsight Compute counts the SASS "
+        "instructions your kernels execute (`sass__thread_inst_executed_true_per_opcode`, "
+        "predicated-on threads, over your launches only). Instructions that are compiled in "
+        "but never executed do not count; a failed profile counts as not qualified.",
+    ]
+    return "\n".join(lines)
+
+
+def _evaluation_section(task: Task) -> str:
+    tolerance = task.tolerance
+    return "\n".join(
+        [
+            "## Evaluation",
+            "",
+            "1. Static checks, then compilation (errors come back trimmed).",
+            "2. Correctness on fresh random inputs for each trial: outputs are filled with a "
+            "poison value before each call, so every element must be written; shapes and dtypes "
+            "must match; `allclose(out, ref, "
+            f"atol={tolerance.atol:g}, rtol={tolerance.rtol:g})` against a float32 reference; no "
+            "NaN/Inf; inputs must be unchanged after the call. A second stage repeats the check "
+            "on inputs with a few large outliers.",
+            "3. Memory safety with compute-sanitizer memcheck.",
+            "4. Timing: 10 warm-up and 50 timed calls per trial, 3 trials, median per trial, "
+            "device time of all work your call launches on any stream, L2 flushed before each "
+            "call, inputs rotated. The library baseline is timed the same way; "
+            "speedup = baseline time / your time.",
+            "5. The instruction profile above, for correct kernels.",
+            "",
+            "Statuses: FORMAT_ERROR, POLICY_VIOLATION, COMPILE_ERROR, RUNTIME_ERROR, TIMEOUT, "
+            "MEMORY_ERROR, INCORRECT_SHAPE, INCORRECT_DTYPE, INCORRECT_NUMERICAL, PASSED.",
+        ]
+    )
+
+
+def _rules_section(task: Task) -> str:
+    headers = ", ".join(f"<{h}>" for h in sorted(ALLOWED_SYSTEM_HEADERS, key=str.lower))
+    return "\n".join(
+        [
+            "## Rules",
+            "",
+            f"- One translation unit, at most {MAX_SOURCE_CHARS:,} characters.",
+            f"- Allowed includes: {headers}, and "
+            f'`#include "{pack_header_name(task)}"` (the PTX wrappers of the knowledge pack, '
+            "exactly as shown below). Nothing else, and never a path.",
+            "- No cuBLAS, cuDNN, CUTLASS/CuTe, FlashInfer, Thrust/CUB or torch, whether by "
+            "header, by declaration or through dlopen/dlsym: such a kernel is rejected.",
+        ]
+    )
+
+
+def _output_section(variant: int) -> str:
+    advice = {
+        0: "",
+        1: " Think about the data layout and the schedule first, then write the code.",
+        2: " First make it correct with the required instructions; then make it fast.",
+    }[variant]
+    return (
+        "## Output format\n\nReply with the complete source in exactly one ```cuda code block "
+        "(if there are several, the last one is used)." + advice
+    )
+
+
+def _pack_section(task: Task, part: PackPart) -> str:
+    heading = f"## Knowledge pack ({task.target.pack}): {part.title}"
+    if part.name.endswith(".cuh"):
+        return (
+            f'{heading}\n\nAvailable as `#include "{pack_header_name(task)}"`, or copy what you '
+            f"need.\n\n```cuda\n{part.text.strip()}\n```"
+        )
+    return f"{heading}\n\n{part.text.strip()}"
