@@ -14,7 +14,7 @@ from typing import Any
 import yaml
 
 from ptxgym import paths
-from ptxgym.evaluator import CompileOnlyEvaluator
+from ptxgym.evaluator import CompileOnlyEvaluator, Evaluator
 from ptxgym.extract import extract_source
 from ptxgym.feedback import render_feedback
 from ptxgym.outcome import Outcome, Status
@@ -59,6 +59,21 @@ def _parser() -> argparse.ArgumentParser:
     compile_.add_argument("file", metavar="FILE", type=Path, help="CUDA source or model reply")
     compile_.add_argument("--json", action="store_true", help="print the outcome as JSON")
     compile_.set_defaults(handler=_compile)
+
+    evaluate = commands.add_parser(
+        "eval", help="check, build, run and time a candidate on the local GPU"
+    )
+    evaluate.add_argument("task_id", metavar="ID")
+    evaluate.add_argument("file", metavar="FILE", type=Path, help="CUDA source or model reply")
+    evaluate.add_argument("--json", action="store_true", help="print the outcome as JSON")
+    evaluate.set_defaults(handler=_eval)
+
+    baseline = commands.add_parser(
+        "baseline", help="the library baseline's latency per workload on the local GPU"
+    )
+    baseline.add_argument("task_id", metavar="ID")
+    baseline.add_argument("--json", action="store_true", help="machine-readable output")
+    baseline.set_defaults(handler=_baseline)
 
     demo = commands.add_parser(
         "demo", help="run the example kernels through the real pipeline and report"
@@ -129,14 +144,65 @@ def _compile(args: argparse.Namespace) -> int:
     return 0 if outcome.status is Status.COMPILED else 1
 
 
-def compile_file(task: Task, path: Path) -> Outcome:
-    """Extract, check and build the candidate in ``path`` without running it."""
+def evaluate_file(task: Task, path: Path, evaluator: Evaluator) -> Outcome:
+    """Extract the candidate in ``path`` and evaluate it."""
     text = _read_action(path)
     extraction = extract_source(text) if text is not None else None
     if extraction is None or extraction.source is None:
         message = extraction.error if extraction else f"{path.name} is not UTF-8 text"
         return Outcome(task.id, Status.FORMAT_ERROR, message or "no source", evaluator="none")
-    return CompileOnlyEvaluator().evaluate(task, extraction.source)
+    return evaluator.evaluate(task, extraction.source)
+
+
+def compile_file(task: Task, path: Path) -> Outcome:
+    """Extract, check and build the candidate in ``path`` without running it."""
+    return evaluate_file(task, path, CompileOnlyEvaluator())
+
+
+def _eval(args: argparse.Namespace) -> int:
+    from ptxgym.gpu_evaluator import EvaluatorError, LocalGPUEvaluator
+
+    task = get_task(args.task_id)
+    if not args.file.is_file():
+        raise FileNotFoundError(f"{args.file}: no such file")
+    try:
+        outcome = evaluate_file(task, args.file, LocalGPUEvaluator())
+    except EvaluatorError as exc:
+        print(f"ptxgym: error: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(outcome.to_dict(), indent=2))
+    else:
+        print(render_feedback(outcome, task))
+    return 0 if outcome.status is Status.PASSED else 1
+
+
+def _baseline(args: argparse.Namespace) -> int:
+    from ptxgym.gpu_evaluator import EvaluatorError, LocalGPUEvaluator
+
+    task = get_task(args.task_id)
+    evaluator = LocalGPUEvaluator()
+    try:
+        latencies = evaluator.baseline(task)
+        info = evaluator.device_info()
+    except EvaluatorError as exc:
+        print(f"ptxgym: error: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        report = {
+            "task": task.id,
+            "baseline": task.callables.baseline,
+            "device": info,
+            "latency_ms": latencies,
+        }
+        print(json.dumps(report, indent=2))
+        return 0
+    print(
+        f"{task.id}: {task.callables.baseline} on {info['name']} ({info['timing_method']} timing)"
+    )
+    for workload, latency in latencies.items():
+        print(f"  {workload}: {latency:.4f} ms")
+    return 0
 
 
 def gpu_available() -> bool:
@@ -148,14 +214,17 @@ def gpu_available() -> bool:
 
 
 def _demo(args: argparse.Namespace) -> int:
+    import warnings
+
+    import gymnasium as gym
+
     manifest = paths.examples_dir() / "manifest.yaml"
     entries = yaml.safe_load(manifest.read_text(encoding="utf-8"))["examples"]
-    has_gpu = gpu_available()
-    print("ptxgym demo: the example kernels through the real pipeline")
-    if has_gpu:
+    print("ptxgym demo: the example kernels through the real pipeline (env.step)")
+    if gpu_available():
         print(
-            "An NVIDIA GPU is present, but this version evaluates compile-only: correctness, "
-            "timing and profiling on the GPU are not implemented yet."
+            "An NVIDIA GPU is present: tasks of its architecture are checked, built, run, "
+            "verified and timed against the library; other tasks are built and inspected."
         )
     else:
         print(
@@ -165,25 +234,37 @@ def _demo(args: argparse.Namespace) -> int:
     print()
     rows = []
     for entry in entries:
-        source = paths.examples_dir() / entry["file"]
+        source = (paths.examples_dir() / entry["file"]).read_text(encoding="utf-8")
         for task_id in entry["tasks"]:
-            task = get_task(task_id)
-            outcome = compile_file(task, source)
-            build = outcome.compile
-            kernels = build.kernels if build else ()
+            env = gym.make(task_id)
+            env.reset(seed=0)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                info = env.step(source)[4]
+            env.close()
+            outcome = info["outcome"]
+            speed = (
+                f"{outcome['latency_ms']:.3f} / {outcome['baseline_latency_ms']:.3f} ms, "
+                f"{outcome['speedup']:.3f}x"
+                if outcome["speedup"] is not None
+                else "-"
+            )
+            build = outcome["compile"] or {}
             rows.append(
                 (
                     task_id,
                     entry["file"],
-                    outcome.status.value,
-                    f"{build.seconds:.1f}s{' (cached)' if build.cached else ''}" if build else "-",
-                    ", ".join(f"{k.registers} regs" for k in kernels) or "-",
+                    outcome["evaluator"],
+                    info["status"],
+                    f"{build.get('seconds', 0):.1f}s",
+                    speed,
                 )
             )
-    headers = ("task", "example", "status", "build", "kernels")
+    headers = ("task", "example", "evaluator", "status", "build", "latency / baseline, speedup")
     widths = [max(len(str(r[i])) for r in [headers, *rows]) for i in range(len(headers))]
     for row in [headers, *rows]:
         print("  ".join(str(cell).ljust(width) for cell, width in zip(row, widths, strict=True)))
-    failed = [r for r in rows if r[2] != Status.COMPILED.value]
-    print(f"\n{len(rows) - len(failed)}/{len(rows)} example builds compiled.")
+    good = {Status.COMPILED.value, Status.PASSED.value}
+    failed = [r for r in rows if r[3] not in good]
+    print(f"\n{len(rows) - len(failed)}/{len(rows)} example runs succeeded.")
     return 1 if failed else 0

@@ -413,9 +413,12 @@ def _exported_symbols(library: Path) -> set[str]:
     return {line.split()[-1] for line in out.stdout.splitlines() if line.strip()}
 
 
+# Front-end (EDG) diagnostics "file(12): error: ..." and host-compiler (gcc) diagnostics
+# "file:12:5: error: ...".
 _DIAGNOSTIC_RE = re.compile(
-    r"^(?P<file>[^\s()][^()]*?)\((?P<line>\d+)\): (?P<kind>error|warning|remark)"
-    r"(?P<code>[^:]*): (?P<message>.*)$"
+    r"^(?:(?P<file>[^\s()][^()]*?)\((?P<line>\d+)\): (?P<kind>error|warning|remark)[^:]*"
+    r"|(?P<gfile>[^\s:]+):(?P<gline>\d+)(?::\d+)?: (?P<gkind>error|warning|fatal error)): "
+    r"(?P<message>.*)$"
 )
 _PTXAS_RE = re.compile(
     r"^ptxas (?P<file>\S+), line (?P<line>\d+); (?P<kind>error|warning)\s*: (?P<message>.*)$"
@@ -441,10 +444,9 @@ def _trim_log(output: str, work: Path, task: Task) -> tuple[str, tuple[str, ...]
                 continuation.append(lines[index])
                 index += 1
             block = _diagnostic_block(match, continuation, task)
-            if block is not None:
-                if match["kind"] == "warning":
-                    warnings.append(block)
-                blocks.append(block)
+            if "warning" in (match["kind"], match["gkind"]):
+                warnings.append(block)
+            blocks.append(block)
         elif match := _PTXAS_RE.match(line):
             ptx_line = _ptx_line(work, match["file"], int(match["line"]))
             block = f"ptxas {match['kind']}: {match['message']} (PTX line {match['line']}"
@@ -483,11 +485,14 @@ def _starts_message(line: str) -> bool:
     )
 
 
-def _diagnostic_block(match: re.Match[str], continuation: list[str], task: Task) -> str | None:
-    file, kind, message = match["file"], match["kind"], match["message"].strip()
+def _diagnostic_block(match: re.Match[str], continuation: list[str], task: Task) -> str:
+    file = match["file"] or match["gfile"]
+    line = match["line"] or match["gline"]
+    kind = (match["kind"] or match["gkind"]).replace("fatal error", "error")
+    message = match["message"].strip()
     if file == CANDIDATE_FILE:
-        body = "\n".join(line for line in continuation if line.strip())
-        return f"{file}({match['line']}): {kind}: {message}" + (f"\n{body}" if body else "")
+        body = "\n".join(text for text in continuation if text.strip())
+        return f"{file}({line}): {kind}: {message}" + (f"\n{body}" if body else "")
     if file == _BUILD_FILE:
         if "static assertion failed" in message:
             return f"{kind}: the entry point does not match: {task.entry_point.signature}"
@@ -495,7 +500,7 @@ def _diagnostic_block(match: re.Match[str], continuation: list[str], task: Task)
             return f"{kind}: the entry point {task.entry_point.symbol} is not defined"
         return f"{kind}: {message}"
     if file == pack_header_name(task):
-        return f"{file}({match['line']}): {kind}: {message}"
+        return f"{file}({line}): {kind}: {message}"
     if file.startswith(_SYSTEM_PREFIXES):
         return f"{Path(file).name}(system header): {kind}: {message}"
     return f"{kind} in a file outside the submission (not shown)"

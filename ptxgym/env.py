@@ -136,7 +136,7 @@ class PTXKernelEnv(gym.Env[str, str]):
     @property
     def evaluator(self) -> Evaluator:
         if self._evaluator is None:
-            self._evaluator = make_evaluator(self._evaluator_spec)
+            self._evaluator = make_evaluator(self._evaluator_spec, self.task)
         return self._evaluator
 
     def reset(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ptxgym.compiler import CompileResult
+from ptxgym.correctness import CheckReport
 from ptxgym.outcome import Outcome, Status
 from ptxgym.tasks import Task
 
@@ -32,10 +33,28 @@ def render_feedback(outcome: Outcome, task: Task) -> str:
         lines += ["", "Compiler output:", "```text", build.log, "```"]
     if build is not None and build.ok:
         lines += _resources(build)
-    if outcome.latency_ms is not None:
-        lines.append(f"Latency: {outcome.latency_ms:.4f} ms")
-    if outcome.baseline_latency_ms is not None:
-        lines.append(f"Baseline ({task.callables.baseline}): {outcome.baseline_latency_ms:.4f} ms")
+    if outcome.checks and not outcome.checks[-1].ok:
+        lines += _mismatches(outcome.checks[-1])
+    if outcome.worker_log:
+        lines += [
+            "",
+            "Output of the process that ran the kernel (last lines):",
+            "```text",
+            outcome.worker_log,
+            "```",
+        ]
+    if outcome.timings:
+        lines += ["", f"Timing ({outcome.timings[0].method}), per workload:"]
+        for timing in outcome.timings:
+            lines.append(
+                f"- {timing.workload}: {timing.latency_ms:.4f} ms, baseline "
+                f"{timing.baseline_latency_ms:.4f} ms, speedup {timing.speedup:.3f}x"
+            )
+    if outcome.latency_ms is not None and outcome.baseline_latency_ms is not None:
+        lines.append(
+            f"Total: {outcome.latency_ms:.4f} ms vs baseline ({task.callables.baseline}) "
+            f"{outcome.baseline_latency_ms:.4f} ms"
+        )
     if outcome.speedup is not None:
         lines.append(f"Speedup: {outcome.speedup:.3f}x")
     if outcome.status.correct:
@@ -43,6 +62,25 @@ def render_feedback(outcome: Outcome, task: Task) -> str:
         lines.append(f"Target instructions executed: {qualified}")
     lines += ["", _NEXT_STEP[outcome.status]]
     return "\n".join(lines)
+
+
+def _mismatches(report: CheckReport) -> list[str]:
+    lines = ["", f"Check {report.workload}/{report.stage}:"]
+    for output in report.outputs:
+        if output.ok:
+            lines.append(f"- {output.name}: ok (max abs error {output.max_abs_error:.3g})")
+            continue
+        lines.append(
+            f"- {output.name}: {output.detail}; max abs error {output.max_abs_error:.4g}, "
+            f"max rel error {output.max_rel_error:.4g}, {output.non_finite} NaN/Inf "
+            "(outputs are NaN-poisoned before the call, so NaN often means never written)"
+        )
+        for worst in output.worst:
+            lines.append(
+                f"    {output.name}{list(worst.index)}: got {worst.got:.6g}, "
+                f"expected {worst.expected:.6g}"
+            )
+    return lines
 
 
 def _resources(build: CompileResult) -> list[str]:

@@ -7,6 +7,8 @@ from enum import StrEnum
 from typing import Any
 
 from ptxgym.compiler import CompileResult
+from ptxgym.correctness import CheckReport
+from ptxgym.timing import WorkloadTiming
 
 
 class Status(StrEnum):
@@ -49,7 +51,9 @@ class Outcome:
     """Everything a step learned about one candidate.
 
     ``qualified`` is None when it is unknown (not profiled, or the profile failed): unknown never
-    counts as qualified. ``speedup`` is baseline latency over candidate latency.
+    counts as qualified. Latencies are sums over the task's workloads and ``speedup`` is baseline
+    over candidate; ``timings`` has each workload's figures. ``checks`` holds every output
+    comparison made, the failing one last.
     """
 
     task_id: str
@@ -61,6 +65,9 @@ class Outcome:
     baseline_latency_ms: float | None = None
     speedup: float | None = None
     qualified: bool | None = None
+    checks: tuple[CheckReport, ...] = ()
+    timings: tuple[WorkloadTiming, ...] = ()
+    worker_log: str = ""
     seconds: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:

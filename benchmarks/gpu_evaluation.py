@@ -1,0 +1,105 @@
+"""GPU evaluation benchmark: the naive examples through env.step, reproducibility, baselines.
+
+Prints markdown (for docs/benchmarks.md) and writes the raw numbers to OUT/gpu_evaluation.json.
+Run on a GPU host: ``python benchmarks/gpu_evaluation.py --out DIR`` (scripts/gpu_host.sh does).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ptxgym import paths
+from ptxgym.env import PTXKernelEnv
+from ptxgym.gpu_evaluator import LocalGPUEvaluator, incompatibility
+from ptxgym.tasks import registry
+
+REPEATS = 5
+
+
+def step(evaluator: LocalGPUEvaluator, task_id: str, source: str) -> dict[str, Any]:
+    env = PTXKernelEnv(task_id, evaluator=evaluator)
+    env.reset(seed=0)
+    started = time.perf_counter()
+    info = env.step(source)[4]
+    outcome = info["outcome"]
+    return {
+        "task": task_id,
+        "status": info["status"],
+        "message": info["message"],
+        "latency_ms": outcome["latency_ms"],
+        "baseline_latency_ms": outcome["baseline_latency_ms"],
+        "speedup": outcome["speedup"],
+        "step_s": time.perf_counter() - started,
+        "method": outcome["timings"][0]["method"] if outcome["timings"] else None,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/out"))
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    evaluator = LocalGPUEvaluator()
+    results: dict[str, Any] = {"date": datetime.date.today().isoformat()}
+    results["device"] = evaluator.device_info()
+    print(f"# GPU evaluation, {results['date']}, {results['device']['name']}\n")
+
+    manifest = yaml.safe_load((paths.examples_dir() / "manifest.yaml").read_text())
+    examples = []
+    for entry in manifest["examples"]:
+        source = (paths.examples_dir() / entry["file"]).read_text()
+        for task_id in entry["tasks"]:
+            if incompatibility(registry()[task_id]) is None:
+                examples.append(step(evaluator, task_id, source) | {"example": entry["file"]})
+    results["examples"] = examples
+    print("## Example kernels through env.step\n")
+    print("| task | example | status | latency ms | baseline ms | speedup | step s |")
+    print("|---|---|---|---|---|---|---|")
+    for r in examples:
+        numbers = (
+            f"{r['latency_ms']:.3f} | {r['baseline_latency_ms']:.4f} | {r['speedup']:.4f}"
+            if r["speedup"]
+            else "- | - | -"
+        )
+        print(f"| {r['task']} | {r['example']} | {r['status']} | {numbers} | {r['step_s']:.1f} |")
+
+    gemm = (paths.examples_dir() / "naive" / "gemm.cu").read_text()
+    repeats = [step(evaluator, "PTX-H100-GEMM", gemm) for _ in range(REPEATS)]
+    speedups = [r["speedup"] for r in repeats if r["speedup"]]
+    median = statistics.median(speedups)
+    deviation = max(abs(s / median - 1) for s in speedups) * 100
+    results["gemm_repeats"] = {"speedups": speedups, "median": median, "max_dev_pct": deviation}
+    print(f"\n## Naive GEMM evaluated {REPEATS} times\n")
+    print("speedups: " + ", ".join(f"{s:.5f}" for s in speedups))
+    print(f"median {median:.5f}; largest deviation from the median {deviation:.2f}%")
+
+    print("\n## Baseline latency per H100 task and workload\n")
+    print("| task | baseline | workload | latency ms |")
+    print("|---|---|---|---|")
+    baselines: dict[str, Any] = {}
+    for task in registry().values():
+        if task.gpu != "H100":
+            continue
+        try:
+            latencies = evaluator.baseline(task)
+        except Exception as exc:
+            baselines[task.id] = {"error": str(exc)}
+            print(f"| {task.id} | {task.callables.baseline} | - | not measured: {exc} |")
+            continue
+        baselines[task.id] = latencies
+        for workload, latency in latencies.items():
+            print(f"| {task.id} | {task.callables.baseline} | {workload} | {latency:.4f} |")
+    results["baselines"] = baselines
+    (args.out / "gpu_evaluation.json").write_text(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,924 @@
+// ptxgym knowledge pack: Blackwell datacenter (sm_100a: B200/GB200) PTX wrappers
+//   -- packs/b200/wrappers.cuh
+//
+// One self-contained header. Everything lives in namespace `ptx`. Build the translation unit with
+//     nvcc -std=c++17 -gencode arch=compute_100a,code=sm_100a ...
+// The `a` suffix is mandatory: tcgen05.* exists only on the architecture-specific targets
+// (sm_100a / sm_101a / sm_103a ...), never on plain compute_100 PTX. wgmma.* does NOT exist on
+// sm_100 at all (it is Hopper-only): use tcgen05.mma. TMA, mbarrier, clusters, elect.sync,
+// ldmatrix/stmatrix and setmaxnreg work as on Hopper.
+// NOTE: these wrappers were compiled with nvcc 13.0 for sm_100a but NOT executed on Blackwell
+// hardware by the pack authors; the Hopper-shared parts are the ones validated on an H200.
+//
+// Each wrapper's comment keeps the instruction's full PTX ISA syntax (the polymorphic definition);
+// the wrapper itself is ONE concrete instance. Conventions used everywhere below:
+//   * `smem` addresses passed to asm are 32-bit shared-window addresses (`"r"(smem_u32(p))`).
+//   * tensor maps are `const CUtensorMap*` pointing at a `const __grid_constant__ CUtensorMap`
+//     kernel parameter (or at __constant__/global memory); passed to asm as a 64-bit generic address.
+//   * TMA coordinates are int32 ELEMENT indices, innermost (contiguous) dimension first.
+//   * mbarriers are `uint64_t` objects in shared memory, 8-byte aligned.
+// Host helpers (section 9) obtain cuTensorMapEncodeTiled through the runtime's driver entry point,
+// so the shared library needs no -lcuda.
+#pragma once
+
+#include <cuda.h>
+#include <cudaTypedefs.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+namespace ptx {
+
+// =================================================================================================
+// 0. Lane / warp / address helpers
+// =================================================================================================
+
+// cvta.to.shared: generic pointer -> 32-bit address in the .shared::cta window.
+//   cvta.to.space.size  p, a;   .space = { .const, .global, .local, .shared{::cta, ::cluster},
+//                                          .param{::entry} };  .size = { .u32, .u64 }
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// mov.u32 d, %laneid;   (special registers: %laneid, %warpid [NOT stable: use threadIdx],
+//                        %cluster_ctarank, %cluster_nctarank, %clusterid.{x,y,z}, ...)
+__device__ __forceinline__ uint32_t lane_id() {
+  uint32_t r;
+  asm volatile("mov.u32 %0, %%laneid;" : "=r"(r));
+  return r;
+}
+
+// Warp index inside the CTA, made warp-uniform with a shuffle so the compiler can keep it in a
+// uniform register (role dispatch `if (warp_idx() == 0)` then needs no divergence handling).
+__device__ __forceinline__ uint32_t warp_idx() {
+  return __shfl_sync(0xffffffffu, threadIdx.x / 32u, 0);
+}
+
+// Warpgroup (4 consecutive warps = 128 threads) index inside the CTA, warp-uniform.
+__device__ __forceinline__ uint32_t warpgroup_idx() {
+  return __shfl_sync(0xffffffffu, threadIdx.x / 128u, 0);
+}
+
+// elect.sync d|p, membermask;
+//   Elects one leader among the threads of membermask (all must execute it). d = leader's laneid
+//   (sink `_` allowed), p = true only in the leader. Cheaper and safer than `lane_id() == 0` for
+//   "one thread issues TMA / MMA": the elected lane is always an active one.
+__device__ __forceinline__ bool elect_one_sync() {
+  uint32_t pred = 0;
+  asm volatile(
+      "{\n.reg .pred P;\n.reg .b32 R;\n"
+      "elect.sync R|P, %1;\n"
+      "selp.u32 %0, 1, 0, P;\n}\n"
+      : "=r"(pred)
+      : "r"(0xffffffffu));
+  return pred != 0;
+}
+
+// cvt.rn.bf16x2.f32 d, a, b;   // d = { hi: bf16(a), lo: bf16(b) }   NOTE the order: a -> UPPER half
+//   cvt.frnd2{.relu}{.satfinite}.f16x2.f32  d, a, b;  cvt.frnd2{.relu}.bf16x2.f32 d, a, b;
+//   .frnd2 = { .rn, .rz }
+// pack_bf16x2(lo, hi) puts `lo` in bits 0-15 (the lower column / lower k index) and `hi` in 16-31.
+__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
+  uint32_t r;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+
+// ex2.approx.ftz.f32 d, a;   d = 2^a (MUFU.EX2, ~2 ulp). Softmax: exp(x) = ex2(x * log2(e)).
+//   ex2.approx.atype d, a;  ex2.approx.ftz.btype d, a;
+//   .atype = { .f16, .f16x2 };  .btype = { .bf16, .bf16x2 };  (and ex2.approx{.ftz}.f32)
+__device__ __forceinline__ float ex2_approx(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// 128-byte swizzle of a byte offset inside a 1024-byte-aligned tile whose rows are 128 bytes:
+// the 16-byte chunk index (bits 4-6) is XORed with the row index mod 8 (bits 7-9). This is the
+// pattern TMA (CU_TENSOR_MAP_SWIZZLE_128B) writes/reads and tcgen05.mma expects (swizzle code 2).
+// 64B swizzle: chunk bits 4-5 ^= bits 7-8;  32B swizzle: chunk bit 4 ^= bit 7.
+__device__ __forceinline__ uint32_t swizzle_128b(uint32_t byte_offset) {
+  return byte_offset ^ (((byte_offset >> 7) & 7u) << 4);
+}
+
+// =================================================================================================
+// 1. Named barriers (sub-CTA synchronisation, e.g. one warpgroup, or ping-pong between warpgroups)
+// =================================================================================================
+// barrier{.cta}.sync{.aligned}      a{, b};
+// barrier{.cta}.arrive{.aligned}    a, b;
+// barrier{.cta}.red.popc{.aligned}.u32  d, a{, b}, {!}c;
+// barrier{.cta}.red.op{.aligned}.pred   p, a{, b}, {!}c;      .op = { .and, .or }
+// bar{.cta}.sync a{, b};  bar{.cta}.arrive a, b;  (bar.* == barrier.*.aligned)
+//   a = barrier id 0..15 (0 is what __syncthreads uses), b = thread count, multiple of 32.
+__device__ __forceinline__ void named_bar_sync(uint32_t id, uint32_t nthreads) {
+  asm volatile("barrier.sync.aligned %0, %1;" ::"r"(id), "r"(nthreads) : "memory");
+}
+__device__ __forceinline__ void named_bar_arrive(uint32_t id, uint32_t nthreads) {
+  asm volatile("barrier.arrive.aligned %0, %1;" ::"r"(id), "r"(nthreads) : "memory");
+}
+
+// =================================================================================================
+// 2. mbarrier (shared-memory transaction barriers; TMA completion, producer/consumer pipelines)
+// =================================================================================================
+// mbarrier.init{.shared{::cta}}.b64 [addr], count;        count in [1, 2^20 - 1]
+__device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(bar)), "r"(count)
+               : "memory");
+}
+
+// fence.op_restrict.release.cluster;   .op_restrict = { .mbarrier_init }
+//   Makes prior mbarrier.init visible to the async proxy (TMA complete_tx) and to other CTAs of the
+//   cluster. Issue after the inits, then __syncthreads() (or cluster_sync() for cluster use).
+__device__ __forceinline__ void fence_mbarrier_init() {
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+}
+
+// mbarrier.arrive{.sem}{.scope}{.shared{::cta}}.b64           state, [addr]{, count};
+// mbarrier.arrive{.sem}{.scope}{.shared::cluster}.b64         _, [addr] {,count};
+// mbarrier.arrive.expect_tx{.sem}{.scope}{.shared{::cta}}.b64 state, [addr], txCount;
+// mbarrier.arrive.expect_tx{.sem}{.scope}{.shared::cluster}.b64   _, [addr], txCount;
+// mbarrier.arrive.noComplete{.release}{.cta}{.shared{::cta}}.b64  state, [addr], count;
+//   .sem = { .release, .relaxed }  (default .release);  .scope = { .cta, .cluster } (default .cta)
+// Returns the opaque state token (only useful for mbarrier.test_wait/try_wait without .parity).
+__device__ __forceinline__ uint64_t mbar_arrive(uint64_t* bar) {
+  uint64_t state;
+  asm volatile("mbarrier.arrive.shared::cta.b64 %0, [%1];"
+               : "=l"(state)
+               : "r"(smem_u32(bar))
+               : "memory");
+  return state;
+}
+
+// Arrive (count 1) AND raise the expected transaction byte count of the current phase by `bytes`.
+// The phase completes when all `count` arrivals happened AND `bytes` bytes of complete_tx landed.
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(bar)),
+               "r"(bytes)
+               : "memory");
+}
+
+// mbarrier.expect_tx{.sem}{.scope}{.space}.b64 [addr], txCount;
+//   .sem = { .relaxed };  .scope = { .cta, .cluster };  .space = { .shared{::cta}, .shared::cluster }
+// Raise expected tx bytes WITHOUT arriving (e.g. several TMA issuers, one arrival).
+__device__ __forceinline__ void mbar_expect_tx(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(bar)),
+               "r"(bytes)
+               : "memory");
+}
+
+// Arrive on an mbarrier that lives in ANOTHER CTA of the cluster (e.g. consumer of CTA r releasing
+// a multicast stage that CTA 0's producer refills). `cta_rank` = %cluster_ctarank of the target.
+//   mapa.shared::cluster.u32 d, a, b;   then
+//   mbarrier.arrive.release.cluster.shared::cluster.b64 _, [remote];
+__device__ __forceinline__ void mbar_arrive_cluster(uint64_t* bar, uint32_t cta_rank) {
+  asm volatile(
+      "{\n.reg .b32 remAddr32;\n"
+      "mapa.shared::cluster.u32 remAddr32, %0, %1;\n"
+      "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [remAddr32];\n}\n" ::"r"(
+          smem_u32(bar)),
+      "r"(cta_rank)
+      : "memory");
+}
+
+// mbarrier.test_wait{.sem}{.scope}{.shared{::cta}}.b64        waitComplete, [addr], state;
+// mbarrier.test_wait.parity{.sem}{.scope}{.shared{::cta}}.b64 waitComplete, [addr], phaseParity;
+// mbarrier.try_wait{.sem}{.scope}{.shared{::cta}}.b64         waitComplete, [addr], state
+//                                                                           {, suspendTimeHint};
+// mbarrier.try_wait.parity{.sem}{.scope}{.shared{::cta}}.b64  waitComplete, [addr], phaseParity
+//                                                                           {, suspendTimeHint};
+//   .sem = { .acquire, .relaxed } (default .acquire);  .scope = { .cta, .cluster } (default .cta)
+// try_wait.parity(P) returns true once the phase whose parity is P has COMPLETED, i.e. as soon as
+// the barrier's current phase parity != P. A freshly initialised barrier is in phase 0, so
+// wait(parity=1) returns immediately and wait(parity=0) blocks until the first phase completes.
+// try_wait suspends the thread for a bounded time inside the instruction; loop until true.
+__device__ __forceinline__ bool mbar_try_wait(uint64_t* bar, uint32_t parity) {
+  uint32_t ok;
+  asm volatile(
+      "{\n.reg .pred P1;\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 P1, [%1], %2;\n"
+      "selp.u32 %0, 1, 0, P1;\n}\n"
+      : "=r"(ok)
+      : "r"(smem_u32(bar)), "r"(parity)
+      : "memory");
+  return ok != 0;
+}
+
+// Blocking wait for the phase with parity `parity` (acquire.cta: smem written by TMA / by threads
+// that arrived with release semantics is visible after this returns).
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
+  while (!mbar_try_wait(bar, parity)) {
+  }
+}
+
+// Cluster-scope acquire variant: use when the arrivals came from other CTAs of the cluster
+// (remote mbar_arrive_cluster, multicast TMA issued by a peer).
+__device__ __forceinline__ void mbar_wait_cluster(uint64_t* bar, uint32_t parity) {
+  uint32_t ok = 0;
+  while (!ok) {
+    asm volatile(
+        "{\n.reg .pred P1;\n"
+        "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 P1, [%1], %2;\n"
+        "selp.u32 %0, 1, 0, P1;\n}\n"
+        : "=r"(ok)
+        : "r"(smem_u32(bar)), "r"(parity)
+        : "memory");
+  }
+}
+
+// mbarrier.inval{.shared{::cta}}.b64 [addr];   required before reusing the 8 bytes for anything else.
+__device__ __forceinline__ void mbar_inval(uint64_t* bar) {
+  asm volatile("mbarrier.inval.shared::cta.b64 [%0];" ::"r"(smem_u32(bar)) : "memory");
+}
+
+// =================================================================================================
+// 3. Memory-consistency fences (proxies)
+// =================================================================================================
+// fence{.sem}.scope;                          .sem = { .sc, .acq_rel, .acquire, .release }
+// fence.acquire.sync_restrict::shared::cluster.cluster;
+// fence.release.sync_restrict::shared::cta.cluster;
+// fence.op_restrict.release.cluster;          .op_restrict = { .mbarrier_init }
+// fence.proxy.proxykind;                      (bi-directional proxy fence)
+// fence.proxy.to_proxykind::from_proxykind.release.scope;
+// fence.proxy.to_proxykind::from_proxykind.acquire.scope  [addr], size;
+// fence.proxy.async::generic.acquire.sync_restrict::shared::cluster.cluster;
+// fence.proxy.async::generic.release.sync_restrict::shared::cta.cluster;
+// membar.level;  membar.proxy.proxykind;
+//   .scope = { .cta, .cluster, .gpu, .sys };  .level = { .cta, .gl, .sys }
+//   .proxykind = { .alias, .async, .async.global, .async.shared::{cta, cluster} }
+//   .to_proxykind::from_proxykind = { .tensormap::generic }
+//
+// Generic-proxy writes to shared memory (st.shared, stmatrix, plain C++ stores) must be followed by
+// this fence before an ASYNC-proxy operation reads that memory (TMA store, tcgen05.mma operands),
+// and all writing threads must then synchronise with the issuing thread (named barrier /
+// __syncthreads) -- fence first, barrier second.
+__device__ __forceinline__ void fence_proxy_async_smem() {
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
+// Same for global memory written with generic stores and then read by TMA loads in the same kernel.
+__device__ __forceinline__ void fence_proxy_async_global() {
+  asm volatile("fence.proxy.async.global;" ::: "memory");
+}
+// Full fence of the async proxy (all state spaces).
+__device__ __forceinline__ void fence_proxy_async() {
+  asm volatile("fence.proxy.async;" ::: "memory");
+}
+// Acquire/release at cluster scope, e.g. before reading DSMEM written by a peer after a barrier.
+__device__ __forceinline__ void fence_acq_rel_cluster() {
+  asm volatile("fence.acq_rel.cluster;" ::: "memory");
+}
+
+// =================================================================================================
+// 4. TMA (cp.async.bulk.tensor) -- device side
+// =================================================================================================
+// prefetch{.space}.level                    [a];   // .space = { .global, .local }, .level = {.L1,.L2}
+// prefetch.global.level::eviction_priority  [a];   // { .L2::evict_last, .L2::evict_normal }
+// prefetchu.L1  [a];
+// prefetch{.tensormap_space}.tensormap [a];        // .tensormap_space = { .const, .param }
+// Prefetch the 128-byte tensor-map descriptor (one thread, once, at kernel start).
+__device__ __forceinline__ void prefetch_tmap(const CUtensorMap* tmap) {
+  asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(tmap)) : "memory");
+}
+
+// Global -> shared loads:
+// cp.async.bulk.tensor.dim.dst.src{.load_mode}.completion_mechanism{.cta_group}
+//                      {.level::cache_hint}
+//        [dstMem], [tensorMap, tensorCoords], [mbar]{, im2colInfo} {, cache-policy};
+//   .dst = { .shared::cta }   (PTX 8.6+)
+// cp.async.bulk.tensor.dim.dst.src{.load_mode}.completion_mechanism{.multicast}{.cta_group}
+//                      {.level::cache_hint}
+//        [dstMem], [tensorMap, tensorCoords], [mbar]{, im2colInfo} {, ctaMask} {, cache-policy};
+//   .dst = { .shared::cluster }
+//   .src = { .global };  .dim = { .1d, .2d, .3d, .4d, .5d }
+//   .completion_mechanism = { .mbarrier::complete_tx::bytes }
+//   .cta_group = { .cta_group::1, .cta_group::2 }   (sm_100a+ only)
+//   .load_mode = { .tile, .tile::gather4, .im2col, .im2col::w, .im2col::w::128 } (default .tile)
+//   .level::cache_hint = { .L2::cache_hint };  .multicast = { .multicast::cluster }
+// tensorCoords = {c0, c1, ...} int32 element coordinates of the box's first element, innermost
+// first; out-of-bounds parts of the box are zero-filled (still counted in the tx bytes!).
+// One thread issues; the mbarrier's tx count must be raised by the FULL box bytes.
+__device__ __forceinline__ void tma_load_2d(void* smem_dst, const CUtensorMap* tmap, uint64_t* bar,
+                                            int32_t c0, int32_t c1) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%3, %4}], [%2];" ::"r"(smem_u32(smem_dst)),
+      "l"(reinterpret_cast<uint64_t>(tmap)), "r"(smem_u32(bar)), "r"(c0), "r"(c1)
+      : "memory");
+}
+
+__device__ __forceinline__ void tma_load_3d(void* smem_dst, const CUtensorMap* tmap, uint64_t* bar,
+                                            int32_t c0, int32_t c1, int32_t c2) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%3, %4, %5}], [%2];" ::"r"(smem_u32(smem_dst)),
+      "l"(reinterpret_cast<uint64_t>(tmap)), "r"(smem_u32(bar)), "r"(c0), "r"(c1), "r"(c2)
+      : "memory");
+}
+
+// Multicast: the same box lands at the same smem offset in every CTA whose bit is set in cta_mask
+// (bit i = %cluster_ctarank i), and complete_tx is signalled on the mbarrier at the same offset in
+// each destination CTA. Every destination CTA must expect_tx the box bytes on its own barrier.
+__device__ __forceinline__ void tma_load_2d_multicast(void* smem_dst, const CUtensorMap* tmap,
+                                                      uint64_t* bar, int32_t c0, int32_t c1,
+                                                      uint16_t cta_mask) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+      ".multicast::cluster [%0], [%1, {%3, %4}], [%2], %5;" ::"r"(smem_u32(smem_dst)),
+      "l"(reinterpret_cast<uint64_t>(tmap)), "r"(smem_u32(bar)), "r"(c0), "r"(c1), "h"(cta_mask)
+      : "memory");
+}
+
+// createpolicy.fractional.L2::evict_last{.b64} policy{, fraction};  (and .L2::evict_first, ...)
+// Load with an L2 eviction-priority hint (e.g. keep K/V or a re-read B panel resident in L2).
+__device__ __forceinline__ void tma_load_2d_evict_last(void* smem_dst, const CUtensorMap* tmap,
+                                                       uint64_t* bar, int32_t c0, int32_t c1) {
+  asm volatile(
+      "{\n.reg .b64 pol;\n"
+      "createpolicy.fractional.L2::evict_last.b64 pol, 1.0;\n"
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+      ".L2::cache_hint [%0], [%1, {%3, %4}], [%2], pol;\n}\n" ::"r"(smem_u32(smem_dst)),
+      "l"(reinterpret_cast<uint64_t>(tmap)), "r"(smem_u32(bar)), "r"(c0), "r"(c1)
+      : "memory");
+}
+
+// Shared -> global stores:
+// cp.async.bulk.tensor.dim.dst.src{.load_mode}.completion_mechanism{.level::cache_hint}
+//        [tensorMap, tensorCoords], [srcMem] {, cache-policy};
+//   .dst = { .global };  .src = { .shared::cta };  .dim = { .1d, .2d, .3d, .4d, .5d }
+//   .completion_mechanism = { .bulk_group }
+//   .load_mode = { .tile, .tile::scatter4, .im2col_no_offs }
+// Elements of the box that fall outside the tensor are NOT written (free edge clipping).
+// Before issuing: smem was written by generic stores -> fence_proxy_async_smem() in every writing
+// thread, then a barrier, then ONE thread issues the store + bulk_commit_group().
+__device__ __forceinline__ void tma_store_2d(const CUtensorMap* tmap, const void* smem_src,
+                                             int32_t c0, int32_t c1) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.global.shared::cta.tile.bulk_group [%0, {%2, %3}], [%1];" ::"l"(
+          reinterpret_cast<uint64_t>(tmap)),
+      "r"(smem_u32(smem_src)), "r"(c0), "r"(c1)
+      : "memory");
+}
+
+__device__ __forceinline__ void tma_store_3d(const CUtensorMap* tmap, const void* smem_src,
+                                             int32_t c0, int32_t c1, int32_t c2) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.global.shared::cta.tile.bulk_group [%0, {%2, %3, %4}], [%1];" ::"l"(
+          reinterpret_cast<uint64_t>(tmap)),
+      "r"(smem_u32(smem_src)), "r"(c0), "r"(c1), "r"(c2)
+      : "memory");
+}
+
+// cp.reduce.async.bulk.tensor.dim.dst.src.redOp{.load_mode}.completion_mechanism
+//                      {.level::cache_hint}  [tensorMap, tensorCoords], [srcMem] {, cache-policy};
+//   .dst = { .global };  .src = { .shared::cta };  .completion_mechanism = { .bulk_group }
+//   .redOp = { .add, .min, .max, .inc, .dec, .and, .or, .xor };  .load_mode = { .tile, .im2col_no_offs }
+// Element-wise global += smem box (fp32 add is supported): handy for split-K or dQ accumulation.
+__device__ __forceinline__ void tma_reduce_add_2d(const CUtensorMap* tmap, const void* smem_src,
+                                                  int32_t c0, int32_t c1) {
+  asm volatile(
+      "cp.reduce.async.bulk.tensor.2d.global.shared::cta.add.tile.bulk_group"
+      " [%0, {%2, %3}], [%1];" ::"l"(reinterpret_cast<uint64_t>(tmap)),
+      "r"(smem_u32(smem_src)), "r"(c0), "r"(c1)
+      : "memory");
+}
+
+// cp.async.bulk.commit_group;
+//   Closes the current bulk async-group (all prior bulk_group TMA stores of this thread).
+__device__ __forceinline__ void bulk_commit_group() {
+  asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+}
+
+// cp.async.bulk.wait_group{.read} N;
+//   Wait until at most N of this thread's committed bulk groups are pending. `.read`: only until the
+//   SOURCE (smem) has been read -- enough to reuse the staging buffer; without .read: until the
+//   writes are complete (visible). Before the CTA exits, at least wait_group.read 0 is required
+//   (the smem must outlive the store).
+template <int N>
+__device__ __forceinline__ void bulk_wait_group() {
+  asm volatile("cp.async.bulk.wait_group %0;" ::"n"(N) : "memory");
+}
+template <int N>
+__device__ __forceinline__ void bulk_wait_group_read() {
+  asm volatile("cp.async.bulk.wait_group.read %0;" ::"n"(N) : "memory");
+}
+
+// Non-tensor bulk copy (contiguous bytes, no tensor map), e.g. an LSE row or a small vector:
+// cp.async.bulk.dst.src.completion_mechanism{.multicast}{.level::cache_hint}
+//        [dstMem], [srcMem], size, [mbar] {, ctaMask} {, cache-policy};
+//   .dst = { .shared::cluster } (.shared::cta from PTX 8.6);  .src = { .global }
+//   .completion_mechanism = { .mbarrier::complete_tx::bytes }
+// cp.async.bulk.global.shared::cta.bulk_group{.level::cache_hint} [dstMem], [srcMem], size;
+// size and both addresses must be multiples of 16 bytes.
+__device__ __forceinline__ void bulk_copy_g2s(void* smem_dst, const void* gmem_src, uint32_t bytes,
+                                              uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+          smem_u32(smem_dst)),
+      "l"(gmem_src), "r"(bytes), "r"(smem_u32(bar))
+      : "memory");
+}
+__device__ __forceinline__ void bulk_copy_s2g(void* gmem_dst, const void* smem_src,
+                                              uint32_t bytes) {
+  asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;" ::"l"(gmem_dst),
+               "r"(smem_u32(smem_src)), "r"(bytes)
+               : "memory");
+}
+
+// =================================================================================================
+// 5. Tensor memory (TMEM) and tcgen05 -- 5th-generation tensor cores
+// =================================================================================================
+// TMEM: 256 KB per SM = 128 lanes x 512 columns x 32 bit, private to the CTA(s) that allocate it.
+// A TMEM address is 32 bit: bits 31-16 = lane, bits 15-0 = column. tcgen05.alloc returns the base
+// (lane 0, first allocated column). Warp w of the CTA may access only lanes 32*(w%4) .. 32*(w%4)+31
+// with tcgen05.ld/st (lane quarter = warp index mod 4). An M=128 cta_group::1 MMA with f32
+// accumulators puts row i of D in lane i and column j in column (base + j): a 128 x N f32
+// accumulator occupies N columns.
+__device__ __forceinline__ uint32_t tmem_addr(uint32_t base, uint32_t lane, uint32_t col) {
+  return base + (lane << 16) + col;
+}
+
+// tcgen05.alloc.cta_group.sync.aligned{.shared::cta}.b32  [dst], nCols;
+// tcgen05.dealloc.cta_group.sync.aligned.b32              taddr, nCols;
+// tcgen05.relinquish_alloc_permit.cta_group.sync.aligned;
+//   .cta_group = { .cta_group::1, .cta_group::2 }
+// Executed by ONE WHOLE WARP (same nCols in all lanes). nCols: power of 2 in [32, 512]. The TMEM
+// base address is written to shared memory at dst (a weak store): read it after
+// tcgen05.fence::before_thread_sync -> __syncthreads() -> tcgen05.fence::after_thread_sync.
+// alloc BLOCKS while not enough columns are free (other CTAs resident on the SM may hold them).
+// All allocated columns must be deallocated (same warp is the simple rule) before the kernel
+// exits. relinquish_alloc_permit right after the (last) alloc lets other CTAs allocate sooner; this
+// CTA may not alloc again afterwards. All tcgen05 instructions of a kernel use the same cta_group.
+__device__ __forceinline__ void tmem_alloc(uint32_t* smem_dst, uint32_t ncols) {
+  asm volatile("tcgen05.alloc.cta_group::1.sync.aligned.shared::cta.b32 [%0], %1;" ::"r"(
+                   smem_u32(smem_dst)),
+               "r"(ncols)
+               : "memory");
+}
+__device__ __forceinline__ void tmem_dealloc(uint32_t taddr, uint32_t ncols) {
+  asm volatile("tcgen05.dealloc.cta_group::1.sync.aligned.b32 %0, %1;" ::"r"(taddr), "r"(ncols)
+               : "memory");
+}
+__device__ __forceinline__ void tmem_relinquish_alloc_permit() {
+  asm volatile("tcgen05.relinquish_alloc_permit.cta_group::1.sync.aligned;" ::: "memory");
+}
+
+// tcgen05.fence::before_thread_sync ;
+// tcgen05.fence::after_thread_sync  ;
+//   tcgen05 operations are asynchronous and are NOT ordered by ordinary thread synchronisation.
+//   Pattern across threads:  [tcgen05 ops] ; fence::before_thread_sync ; <sync: __syncthreads,
+//   named barrier, mbarrier arrive/wait> ; fence::after_thread_sync ; [tcgen05 ops].
+//   Needed e.g. after tmem_alloc before other warps use the address, after mbar_wait on the
+//   MMA-done barrier before tcgen05.ld, and after the epilogue's tcgen05.ld before signalling the
+//   MMA warp that the accumulator buffer is free (and before dealloc).
+__device__ __forceinline__ void tc_fence_before_sync() {
+  asm volatile("tcgen05.fence::before_thread_sync;" ::: "memory");
+}
+__device__ __forceinline__ void tc_fence_after_sync() {
+  asm volatile("tcgen05.fence::after_thread_sync;" ::: "memory");
+}
+
+// ---- shared-memory matrix descriptor for tcgen05 (64 bit; differs from Hopper's!) ----
+//   bits  0-13 : start address >> 4
+//   bits 16-29 : leading-dimension byte offset (LBO) >> 4
+//   bits 32-45 : stride-dimension byte offset  (SBO) >> 4
+//   bits 46-48 : fixed constant 0b001 (the "version" bit 46 MUST be 1 on sm_100)
+//   bits 49-51 : matrix base offset (0 for swizzle atoms aligned to the repeat boundary)
+//   bit  52    : LBO mode (0: relative byte offset, as on Hopper)
+//   bits 61-63 : swizzle (3 bits): 0 none, 1 128B with 32B atomic, 2 128B, 4 64B, 6 32B
+//   NOTE Hopper's 2-bit field at 62-63 (1=128B, 2=64B, 3=32B) shifted left by one lands on the
+//   same values (2, 4, 6) -- but the version bit is new: forgetting it gives garbage / a fault.
+// Operand layouts are the Hopper ones: K-major bf16 with 128B swizzle = rows of 64 bf16 (128 B),
+// 8-row atoms of 1024 B, SBO = 1024, LBO ignored (16), K-step of 16 = +32 B on the start address.
+enum SmemSwizzleSm100 : uint32_t {
+  kSwizzleNone = 0,
+  kSwizzle128B_Base32B = 1,
+  kSwizzle128B = 2,
+  kSwizzle64B = 4,
+  kSwizzle32B = 6
+};
+
+__device__ __forceinline__ uint64_t make_smem_desc(const void* smem_ptr, uint32_t swizzle,
+                                                   uint32_t lbo_bytes, uint32_t sbo_bytes) {
+  const uint32_t addr = smem_u32(smem_ptr);
+  uint64_t desc = 0;
+  desc |= static_cast<uint64_t>((addr & 0x3FFFFu) >> 4);
+  desc |= static_cast<uint64_t>((lbo_bytes & 0x3FFFFu) >> 4) << 16;
+  desc |= static_cast<uint64_t>((sbo_bytes & 0x3FFFFu) >> 4) << 32;
+  desc |= 1ull << 46;  // version = 1 (sm_100)
+  desc |= static_cast<uint64_t>(swizzle & 0x7u) << 61;
+  return desc;
+}
+__device__ __forceinline__ uint64_t make_desc_kmajor_sw128(const void* smem_tile) {
+  return make_smem_desc(smem_tile, kSwizzle128B, 16, 1024);
+}
+// MN-major operand (transpose bit = 1) stored as [k_rows][64] boxes with 128B swizzle: LBO = bytes
+// of one box (stride between 64-element MN blocks), SBO = 1024 (8 k-rows). Same convention as the
+// Hopper wgmma descriptor (validated there); unverified on sm_100 hardware.
+__device__ __forceinline__ uint64_t make_desc_mnmajor_sw128(const void* smem_tile,
+                                                            uint32_t box_bytes) {
+  return make_smem_desc(smem_tile, kSwizzle128B, box_bytes, 1024);
+}
+__device__ __forceinline__ uint64_t desc_advance(uint64_t desc, uint32_t bytes) {
+  return desc + static_cast<uint64_t>(bytes >> 4);
+}
+
+// ---- instruction descriptor (32 bit) for .kind::f16 / .kind::tf32 / .kind::f8f6f4 / .kind::i8 ----
+//   bits  0-1  : sparsity selector (0)          bit  2     : sparsity enable (0 = dense)
+//   bit   3    : saturate (i8 only, 0)          bits 4-5   : D type: 0 = F16, 1 = F32 (2 = S32)
+//   bit   6    : reserved                        bits 7-9   : A type  } kind::f16: 0 = F16, 1 = BF16
+//   bits 10-12 : B type                          }  kind::tf32: 2 = TF32
+//   bit  13/14 : negate A / negate B             bit 15/16  : transpose A / B (0 = K-major)
+//   bits 17-22 : N >> 3                          bit 23     : reserved
+//   bits 24-28 : M >> 4                          bit 29     : reserved
+//   bits 30-31 : max shift (.ws only, 0)
+// Valid dense kind::f16 shapes, cta_group::1: M = 64 (N % 8 == 0, 8..256) or M = 128 (N % 16 == 0,
+// 16..256); K = 16 per instruction. cta_group::2: M = 128 or 256 across the CTA pair.
+__host__ __device__ constexpr uint32_t make_idesc_bf16_f32(uint32_t M, uint32_t N,
+                                                           bool a_mn_major = false,
+                                                           bool b_mn_major = false) {
+  return (1u << 4)                                // D = F32
+         | (1u << 7)                              // A = BF16
+         | (1u << 10)                             // B = BF16
+         | ((a_mn_major ? 1u : 0u) << 15)         // A transpose (MN-major)
+         | ((b_mn_major ? 1u : 0u) << 16)         // B transpose (MN-major)
+         | (((N >> 3) & 0x3Fu) << 17)             // N >> 3
+         | (((M >> 4) & 0x1Fu) << 24);            // M >> 4
+}
+
+// tcgen05.mma (full PTX ISA definition):
+// // 1. Floating-point type without block scaling:
+// tcgen05.mma.cta_group.kind   [d-tmem],  a-desc,  b-desc, idesc
+//                              {, disable-output-lane }, enable-input-d {, scale-input-d};
+// tcgen05.mma.cta_group.kind   [d-tmem], [a-tmem], b-desc, idesc
+//                              {, disable-output-lane }, enable-input-d {, scale-input-d};
+//   .kind = { .kind::f16, .kind::tf32, .kind::f8f6f4 };  .cta_group = { .cta_group::1, .cta_group::2 }
+// // 2. Floating-point type with block scaling:
+// tcgen05.mma.cta_group.kind.block_scale{.scale_vectorsize}
+//        [d-tmem],  a-desc,  b-desc, idesc, [scale-A-tmem], [scale-B-tmem], enable-input-d;
+// tcgen05.mma.cta_group.kind.block_scale{.scale_vectorsize}
+//        [d-tmem], [a-tmem], b-desc, idesc, [scale-A-tmem], [scale-B-tmem], enable-input-d;
+//   .kind = { .kind::mxf8f6f4, .kind::mxf4, .kind::mxf4nvf4 }
+//   .scale_vectorsize = { .scale_vec::1X, .scale_vec::2X, .scale_vec::4X, .block16, .block32 }
+// // 3. Convolution MMA (collector buffer / ashift), floating point without block scaling:
+// tcgen05.mma.cta_group.kind.collector_usage [d-tmem],  a-desc,  b-desc, idesc
+//                              {, disable-output-lane }, enable-input-d {, scale-input-d};
+// tcgen05.mma.cta_group.kind{.ashift}.collector_usage [d-tmem], [a-tmem], b-desc, idesc
+//                              {, disable-output-lane }, enable-input-d {, scale-input-d};
+// tcgen05.mma.cta_group.kind.ashift{.collector_usage} [d-tmem], [a-tmem], b-desc, idesc
+//                              {, disable-output-lane }, enable-input-d {, scale-input-d};
+//   .collector_usage = { .collector::buffer::op };  ::buffer = { ::a };
+//   ::op = { ::fill, ::use, ::lastuse, ::discard }
+// // 4. Same with block scaling (.block_scale{.scale_vectorsize}.collector_usage ...).
+// // 5. Integer:
+// tcgen05.mma.cta_group.kind::i8  [d-tmem],  a-desc,  b-desc, idesc
+//                              {, disable-output-lane }, enable-input-d;
+// tcgen05.mma.cta_group.kind::i8  [d-tmem], [a-tmem], b-desc, idesc
+//                              {, disable-output-lane }, enable-input-d;
+// (plus .sp sparse and .ws weight-stationary variants: tcgen05.mma.sp / tcgen05.mma.ws)
+// Operands: d-tmem = TMEM address of D; a-desc/b-desc = 64-bit smem descriptors (above); a-tmem =
+// TMEM address of A (M x K, e.g. P in attention); idesc = 32-bit instruction descriptor;
+// enable-input-d = predicate: false -> D = A*B, true -> D += A*B. Issued by ONE thread (not a
+// warp-collective); asynchronous; completion only through tcgen05.commit -> mbarrier.
+__device__ __forceinline__ void umma_bf16_ss(uint32_t d_tmem, uint64_t a_desc, uint64_t b_desc,
+                                             uint32_t idesc, uint32_t accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %4, 0;\n"
+      "tcgen05.mma.cta_group::1.kind::f16 [%0], %1, %2, %3, p;\n}\n" ::"r"(d_tmem),
+      "l"(a_desc), "l"(b_desc), "r"(idesc), "r"(accumulate)
+      : "memory");
+}
+// A operand from TMEM (bf16 packed 2 per 32-bit column, M rows in lanes), B from smem.
+__device__ __forceinline__ void umma_bf16_ts(uint32_t d_tmem, uint32_t a_tmem, uint64_t b_desc,
+                                             uint32_t idesc, uint32_t accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %4, 0;\n"
+      "tcgen05.mma.cta_group::1.kind::f16 [%0], [%1], %2, %3, p;\n}\n" ::"r"(d_tmem),
+      "r"(a_tmem), "l"(b_desc), "r"(idesc), "r"(accumulate)
+      : "memory");
+}
+
+// tcgen05.commit.cta_group.completion_mechanism{.shared::cluster}{.multicast}.b64
+//        [mbar] {, ctaMask};
+//   .completion_mechanism = { .mbarrier::arrive::one };  .cta_group = { .cta_group::1, .cta_group::2 }
+//   .multicast = { .multicast::cluster }
+// Makes the mbarrier track completion of ALL prior async tcgen05 ops (mma, cp, shift) issued by
+// this thread: when they finish, one arrive (count 1) happens on mbar. Completion also means the
+// smem operands have been read -> use it both for "accumulator ready" and "smem stage free".
+// Issue from the same single thread that issued the MMAs. As we read the PTX ISA, commit carries
+// the semantics of tcgen05.fence::before_thread_sync, so no separate fence is needed before it.
+__device__ __forceinline__ void umma_commit(uint64_t* bar) {
+  asm volatile(
+      "tcgen05.commit.cta_group::1.mbarrier::arrive::one.shared::cluster.b64 [%0];" ::"r"(
+          smem_u32(bar))
+      : "memory");
+}
+
+// tcgen05.ld.sync.aligned.shape1.num{.pack}.b32    r, [taddr];
+// tcgen05.ld.sync.aligned.shape2.num{.pack}.b32    r, [taddr], immHalfSplitoff;
+//   .shape1 = { .16x64b, .16x128b, .16x256b, .32x32b };  .shape2 = { .16x32bx2 }
+//   .num = { .x1, .x2, .x4, .x8, .x16, .x32, .x64, .x128 };  .pack = { .pack::16b }
+// tcgen05.ld.red.sync.aligned.shape3.num.redOp{.abs}{.NaN}.f32 r, redval, [taddr];   (.32x32b)
+// tcgen05.ld.red.sync.aligned.shape4.num.redOp{.abs}{.NaN}.f32 r, redval, [taddr],
+//                                                                   immHalfSplitoff;  (.16x32bx2)
+//   .redOp = { .min, .max }  (integer forms .u32/.s32 too; newer targets only -- unverified)
+// Warp-collective. 32x32b.xN: lane i of the warp reads TMEM lane (32*(warp%4) + i), N consecutive
+// 32-bit columns starting at the column of taddr -> N registers per thread = one accumulator row
+// segment. taddr must carry the warp's lane quarter: tmem_addr(base, 32*(warp%4), col).
+// The registers are valid only after tcgen05.wait::ld.
+__device__ __forceinline__ void tmem_ld_32x32b_x8(uint32_t taddr, uint32_t (&r)[8]) {
+  asm volatile(
+      "tcgen05.ld.sync.aligned.32x32b.x8.b32 {%0, %1, %2, %3, %4, %5, %6, %7}, [%8];"
+      : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]), "=r"(r[4]), "=r"(r[5]), "=r"(r[6]),
+        "=r"(r[7])
+      : "r"(taddr)
+      : "memory");
+}
+__device__ __forceinline__ void tmem_ld_32x32b_x16(uint32_t taddr, uint32_t (&r)[16]) {
+  asm volatile(
+      "tcgen05.ld.sync.aligned.32x32b.x16.b32 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, "
+      "%12, %13, %14, %15}, [%16];"
+      : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]), "=r"(r[4]), "=r"(r[5]), "=r"(r[6]),
+        "=r"(r[7]), "=r"(r[8]), "=r"(r[9]), "=r"(r[10]), "=r"(r[11]), "=r"(r[12]), "=r"(r[13]),
+        "=r"(r[14]), "=r"(r[15])
+      : "r"(taddr)
+      : "memory");
+}
+__device__ __forceinline__ void tmem_ld_32x32b_x32(uint32_t taddr, uint32_t (&r)[32]) {
+  asm volatile(
+      "tcgen05.ld.sync.aligned.32x32b.x32.b32 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, "
+      "%12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, "
+      "%30, %31}, [%32];"
+      : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]), "=r"(r[4]), "=r"(r[5]), "=r"(r[6]),
+        "=r"(r[7]), "=r"(r[8]), "=r"(r[9]), "=r"(r[10]), "=r"(r[11]), "=r"(r[12]), "=r"(r[13]),
+        "=r"(r[14]), "=r"(r[15]), "=r"(r[16]), "=r"(r[17]), "=r"(r[18]), "=r"(r[19]), "=r"(r[20]),
+        "=r"(r[21]), "=r"(r[22]), "=r"(r[23]), "=r"(r[24]), "=r"(r[25]), "=r"(r[26]), "=r"(r[27]),
+        "=r"(r[28]), "=r"(r[29]), "=r"(r[30]), "=r"(r[31])
+      : "r"(taddr)
+      : "memory");
+}
+
+// tcgen05.st.sync.aligned.shape1.num{.unpack}.b32    [taddr], r;
+// tcgen05.st.sync.aligned.shape2.num{.unpack}.b32    [taddr], immHalfSplitoff, r;
+//   .shape1 = { .16x64b, .16x128b, .16x256b, .32x32b };  .shape2 = { .16x32bx2 }
+//   .num = { .x1 ... .x128 };  .unpack = { .unpack::16b }
+// Same lane rule as tcgen05.ld. Make the data visible to a following tcgen05.mma that reads it
+// (e.g. P as the TMEM A operand) with tcgen05.wait::st, then fence::before_thread_sync + sync +
+// fence::after_thread_sync towards the MMA-issuing thread.
+__device__ __forceinline__ void tmem_st_32x32b_x8(uint32_t taddr, const uint32_t (&r)[8]) {
+  asm volatile(
+      "tcgen05.st.sync.aligned.32x32b.x8.b32 [%0], {%1, %2, %3, %4, %5, %6, %7, %8};" ::"r"(taddr),
+      "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3]), "r"(r[4]), "r"(r[5]), "r"(r[6]), "r"(r[7])
+      : "memory");
+}
+
+// tcgen05.wait_operation.sync.aligned;     .wait_operation = { .wait::ld, .wait::st }
+//   Waits for all prior tcgen05.ld (resp. tcgen05.st) of the executing thread.
+__device__ __forceinline__ void tmem_wait_ld() {
+  asm volatile("tcgen05.wait::ld.sync.aligned;" ::: "memory");
+}
+__device__ __forceinline__ void tmem_wait_st() {
+  asm volatile("tcgen05.wait::st.sync.aligned;" ::: "memory");
+}
+
+// =================================================================================================
+// 6. Register reallocation between warpgroups
+// =================================================================================================
+// setmaxnreg.action.sync.aligned.u32 imm-reg-count;     .action = { .inc, .dec }
+//   imm-reg-count: immediate, multiple of 8, in [24, 256]. Executed by ALL threads of a warpgroup
+//   (warp-uniform, warpgroup-uniform branch). .dec releases registers to the per-CTA pool, .inc
+//   blocks until the pool can supply them. The kernel MUST declare __launch_bounds__(THREADS, 1)
+//   (or use -maxrregcount) or ptxas ignores it ("C7508 'setmaxnreg' ignored; unable to determine
+//   register count at entry"). Budget: sum over warps of new counts <= THREADS * regs-at-launch.
+//   On Blackwell the accumulators live in TMEM, so register pressure is lower than on Hopper;
+//   setmaxnreg matters mostly for attention (softmax warpgroups) and wide epilogues.
+template <uint32_t RegCount>
+__device__ __forceinline__ void setmaxnreg_inc() {
+  static_assert(RegCount >= 24 && RegCount <= 256 && RegCount % 8 == 0, "setmaxnreg range");
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(RegCount));
+}
+template <uint32_t RegCount>
+__device__ __forceinline__ void setmaxnreg_dec() {
+  static_assert(RegCount >= 24 && RegCount <= 256 && RegCount % 8 == 0, "setmaxnreg range");
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(RegCount));
+}
+
+// =================================================================================================
+// 7. ldmatrix / stmatrix (warp-wide 8x8 b16 matrix moves between registers and smem)
+// =================================================================================================
+// ldmatrix.sync.aligned.shape.num{.trans}{.ss}.type r, [p];
+// ldmatrix.sync.aligned.m8n16.num{.ss}.dst_fmt.src_fmt        r, [p];
+// ldmatrix.sync.aligned.m16n16.num.trans{.ss}.dst_fmt.src_fmt r, [p];
+//   .shape = { .m8n8, .m16n16 };  .num = { .x1, .x2, .x4 };  .ss = { .shared{::cta} }
+//   .type = { .b16, .b8 };  .dst_fmt = { .b8x16 };  .src_fmt = { .b6x16_p32, .b4x16_p64 }
+// stmatrix.sync.aligned.shape.num{.trans}{.ss}.type [p], r;
+//   .shape = { .m8n8, .m16n8 };  .num = { .x1, .x2, .x4 };  .ss = { .shared{::cta} }
+//   .type = { .b16, .b8 }
+// m8n8.x4.b16: four 8x8 matrices of 16-bit elements. Lane L supplies the address of ROW (L % 8) of
+// matrix (L / 8) (16 contiguous bytes, 16-B aligned). Register r[m] holds, in lane L, elements
+// (row L/4, cols 2*(L%4), 2*(L%4)+1) of matrix m (low half = lower column). .trans swaps rows and
+// columns (register r[m] then holds (rows 2*(L%4), 2*(L%4)+1 ; col L/4)).
+// On Blackwell the GEMM epilogue reads rows from TMEM (tcgen05.ld.32x32b: one row per thread), so
+// stmatrix is optional there; ldmatrix/stmatrix stay useful for register-level attention tricks.
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* smem_row) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_u32(smem_row))
+               : "memory");
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* smem_row) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_u32(smem_row))
+               : "memory");
+}
+__device__ __forceinline__ void stmatrix_x4(void* smem_row, const uint32_t (&r)[4]) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(
+                   smem_u32(smem_row)),
+               "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3])
+               : "memory");
+}
+__device__ __forceinline__ void stmatrix_x4_trans(void* smem_row, const uint32_t (&r)[4]) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(
+                   smem_u32(smem_row)),
+               "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3])
+               : "memory");
+}
+
+// =================================================================================================
+// 8. Thread-block clusters and distributed shared memory (DSMEM)
+// =================================================================================================
+// Special registers: %cluster_ctarank (rank in cluster, 0..n-1), %cluster_nctarank,
+// %clusterid.{x,y,z}, %nclusterid.{x,y,z}, %cluster_ctaid.{x,y,z}, %cluster_nctaid.{x,y,z}.
+__device__ __forceinline__ uint32_t cluster_ctarank() {
+  uint32_t r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+  return r;
+}
+__device__ __forceinline__ uint32_t cluster_nctarank() {
+  uint32_t r;
+  asm volatile("mov.u32 %0, %%cluster_nctarank;" : "=r"(r));
+  return r;
+}
+__device__ __forceinline__ uint32_t cluster_id_x() {
+  uint32_t r;
+  asm volatile("mov.u32 %0, %%clusterid.x;" : "=r"(r));
+  return r;
+}
+
+// barrier.cluster.arrive{.sem}{.aligned};    .sem = { .release, .relaxed } (default .release)
+// barrier.cluster.wait{.acquire}{.aligned};
+//   Every non-exited thread of every CTA in the cluster must arrive before the waiters proceed.
+//   `.aligned`: all threads of the warp execute the same instruction (warp-uniform code only).
+__device__ __forceinline__ void cluster_arrive() {
+  asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
+}
+__device__ __forceinline__ void cluster_arrive_relaxed() {
+  asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
+}
+__device__ __forceinline__ void cluster_wait() {
+  asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+__device__ __forceinline__ void cluster_sync() {
+  cluster_arrive();
+  cluster_wait();
+}
+
+// mapa{.space}.type d, a, b;     .space = { .shared::cluster };  .type = { .u32, .u64 }
+//   mapa.shared::cluster.type d, a, b;  // shared address a of this CTA -> same variable in CTA b
+//   mapa.type                 d, a, b;  // generic address variant
+// getctarank{.space}.type d, a;          // which CTA owns shared::cluster / generic address a
+__device__ __forceinline__ uint32_t mapa_shared(uint32_t smem_addr, uint32_t cta_rank) {
+  uint32_t r;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(smem_addr), "r"(cta_rank));
+  return r;
+}
+// ld/st on shared::cluster addresses (from mapa_shared) read/write a peer CTA's smem (DSMEM).
+__device__ __forceinline__ uint32_t ld_shared_cluster_u32(uint32_t cluster_addr) {
+  uint32_t v;
+  asm volatile("ld.shared::cluster.u32 %0, [%1];" : "=r"(v) : "r"(cluster_addr) : "memory");
+  return v;
+}
+__device__ __forceinline__ void st_shared_cluster_u32(uint32_t cluster_addr, uint32_t v) {
+  asm volatile("st.shared::cluster.u32 [%0], %1;" ::"r"(cluster_addr), "r"(v) : "memory");
+}
+
+}  // namespace ptx
+
+// =================================================================================================
+// 9. Host helpers: tensor maps (no -lcuda) and launches
+// =================================================================================================
+namespace ptx {
+
+// cuTensorMapEncodeTiled obtained through the runtime (CUDA >= 12.5; the un-versioned
+// cudaGetDriverEntryPoint is deprecated in CUDA 13). Cached after the first call.
+inline PFN_cuTensorMapEncodeTiled_v12000 get_tensor_map_encoder() {
+  static PFN_cuTensorMapEncodeTiled_v12000 fn = nullptr;
+  if (fn == nullptr) {
+    void* p = nullptr;
+    cudaDriverEntryPointQueryResult qres = cudaDriverEntryPointSymbolNotFound;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault,
+                                         &qres) == cudaSuccess &&
+        qres == cudaDriverEntryPointSuccess) {
+      fn = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(p);
+    }
+  }
+  return fn;
+}
+
+// Checks the documented constraints before encoding; returns nullptr when OK, else a reason.
+//   global address 16-B aligned; strides (bytes, dims 1..rank-1) multiples of 16 and < 2^40;
+//   1 <= box[i] <= 256; box[0] * elem_bytes multiple of 16; with swizzle: box[0] * elem_bytes <=
+//   swizzle span (32/64/128 B), i.e. at most 64 bf16 per box row for SWIZZLE_128B.
+inline const char* tmap_check(const void* gaddr, uint32_t rank, const uint64_t* dims,
+                              const uint64_t* strides_bytes, const uint32_t* box,
+                              uint32_t elem_bytes, CUtensorMapSwizzle swizzle) {
+  if (reinterpret_cast<uintptr_t>(gaddr) % 16 != 0) return "global address not 16-B aligned";
+  if (rank < 1 || rank > 5) return "rank must be 1..5";
+  for (uint32_t i = 0; i < rank; ++i) {
+    if (dims[i] == 0 || dims[i] > (1ull << 32)) return "dim out of range [1, 2^32]";
+    if (box[i] == 0 || box[i] > 256) return "box dim out of range [1, 256]";
+  }
+  for (uint32_t i = 0; i + 1 < rank; ++i) {
+    if (strides_bytes[i] % 16 != 0) return "global stride not a multiple of 16 bytes";
+    if (strides_bytes[i] >= (1ull << 40)) return "global stride >= 2^40";
+  }
+  const uint32_t inner_bytes = box[0] * elem_bytes;
+  if (inner_bytes % 16 != 0) return "box[0] * elem_bytes not a multiple of 16";
+  const uint32_t span = swizzle == CU_TENSOR_MAP_SWIZZLE_128B  ? 128u
+                        : swizzle == CU_TENSOR_MAP_SWIZZLE_64B ? 64u
+                        : swizzle == CU_TENSOR_MAP_SWIZZLE_32B ? 32u
+                                                               : 0u;
+  if (span != 0 && inner_bytes > span) return "box[0] * elem_bytes exceeds the swizzle span";
+  return nullptr;
+}
+
+// Row-major 2-D tensor [outer][inner] (inner contiguous), box [box_outer][box_inner].
+// Example: A[M][K] bf16, K-major, 128B swizzle:
+//   make_tmap_2d(&map, A, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, K, M, K * 2, 64, 128,
+//                CU_TENSOR_MAP_SWIZZLE_128B);   -> each TMA load fills a [128][64] smem tile
+inline CUresult make_tmap_2d(CUtensorMap* map, const void* gaddr, CUtensorMapDataType dtype,
+                             uint32_t elem_bytes, uint64_t inner, uint64_t outer,
+                             uint64_t row_stride_bytes, uint32_t box_inner, uint32_t box_outer,
+                             CUtensorMapSwizzle swizzle,
+                             CUtensorMapL2promotion promo = CU_TENSOR_MAP_L2_PROMOTION_L2_256B) {
+  const cuuint64_t dims[2] = {inner, outer};
+  const cuuint64_t strides[1] = {row_stride_bytes};
+  const cuuint32_t box[2] = {box_inner, box_outer};
+  const cuuint32_t estr[2] = {1, 1};
+  if (tmap_check(gaddr, 2, dims, strides, box, elem_bytes, swizzle) != nullptr) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  PFN_cuTensorMapEncodeTiled_v12000 enc = get_tensor_map_encoder();
+  if (enc == nullptr) return CUDA_ERROR_NOT_FOUND;
+  return enc(map, dtype, 2, const_cast<void*>(gaddr), dims, strides, box, estr,
+             CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle, promo, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+}
+
+// 3-D tensor [d2][d1][d0] (d0 contiguous), strides in bytes for d1 and d2, box [b2][b1][b0].
+// Typical uses: [B*S][H][D] attention tensors (one head per box), or splitting a 128-wide K tile
+// into two 64-element swizzle atoms with one load: dims {64, rows, K/64}, strides {K*2, 128}.
+inline CUresult make_tmap_3d(CUtensorMap* map, const void* gaddr, CUtensorMapDataType dtype,
+                             uint32_t elem_bytes, uint64_t d0, uint64_t d1, uint64_t d2,
+                             uint64_t stride1_bytes, uint64_t stride2_bytes, uint32_t b0,
+                             uint32_t b1, uint32_t b2, CUtensorMapSwizzle swizzle,
+                             CUtensorMapL2promotion promo = CU_TENSOR_MAP_L2_PROMOTION_L2_256B) {
+  const cuuint64_t dims[3] = {d0, d1, d2};
+  const cuuint64_t strides[2] = {stride1_bytes, stride2_bytes};
+  const cuuint32_t box[3] = {b0, b1, b2};
+  const cuuint32_t estr[3] = {1, 1, 1};
+  if (tmap_check(gaddr, 3, dims, strides, box, elem_bytes, swizzle) != nullptr) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  PFN_cuTensorMapEncodeTiled_v12000 enc = get_tensor_map_encoder();
+  if (enc == nullptr) return CUDA_ERROR_NOT_FOUND;
+  return enc(map, dtype, 3, const_cast<void*>(gaddr), dims, strides, box, estr,
+             CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle, promo, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+}
+
+// Opt in to more than 48 KB of dynamic shared memory (max 227 KB = 232448 B per block on B200).
+template <typename Kernel>
+inline cudaError_t set_max_dynamic_smem(Kernel kernel, int bytes) {
+  return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+}
+
+// Launch with a cluster shape (cluster_x CTAs along x; grid.x must be a multiple of it).
+// Kernel args are passed by value, matching the kernel's parameter types exactly.
+template <typename... KArgs, typename... Args>
+inline cudaError_t launch_cluster(void (*kernel)(KArgs...), dim3 grid, dim3 block,
+                                  size_t smem_bytes, cudaStream_t stream, unsigned cluster_x,
+                                  Args... args) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem_bytes;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = cluster_x;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  return cudaLaunchKernelEx(&cfg, kernel, args...);
+}
+
+}  // namespace ptx

@@ -1,0 +1,149 @@
+"""Compare a candidate's outputs with the reference: shape, dtype, then allclose, no NaN/Inf.
+
+Runs in the trusted judge process. The reference is float32; the candidate's output is upcast.
+An element passes when ``|out - ref| <= atol + rtol * |ref|`` (``torch.allclose``'s rule) and is
+finite; outputs are poisoned with NaN before each call, so an unwritten element fails as NaN.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from ptxgym.tasks import Task, TensorSpec, Tolerance
+
+if TYPE_CHECKING:
+    import torch
+
+_WORST_SHOWN = 5
+
+
+@dataclass(frozen=True)
+class Mismatch:
+    """One badly wrong element: where, what the kernel wrote, what was expected."""
+
+    index: tuple[int, ...]
+    got: float
+    expected: float
+
+
+@dataclass(frozen=True)
+class OutputCheck:
+    """The comparison of one output tensor."""
+
+    name: str
+    ok: bool
+    problem: str = ""  # "shape", "dtype", "numerical" or ""
+    detail: str = ""
+    max_abs_error: float = 0.0
+    max_rel_error: float = 0.0
+    mismatched: int = 0
+    non_finite: int = 0
+    total: int = 0
+    worst: tuple[Mismatch, ...] = field(default_factory=tuple)
+
+
+@dataclass(frozen=True)
+class CheckReport:
+    """The comparison of every output of one call on one input set."""
+
+    stage: str
+    workload: str
+    outputs: tuple[OutputCheck, ...]
+
+    @property
+    def ok(self) -> bool:
+        return all(o.ok for o in self.outputs)
+
+    @property
+    def first_problem(self) -> str:
+        return next((o.problem for o in self.outputs if not o.ok), "")
+
+
+_TORCH_DTYPES = {"bfloat16": "bfloat16", "float32": "float32", "int32": "int32"}
+
+
+def check_outputs(
+    task: Task,
+    stage: str,
+    workload: str,
+    axes: dict[str, int],
+    outputs: dict[str, torch.Tensor],
+    references: dict[str, torch.Tensor],
+) -> CheckReport:
+    """Check every output of the definition; ``outputs`` may come from an untrusted process."""
+    checks = []
+    for name, spec in task.definition.outputs.items():
+        if name not in outputs:
+            checks.append(OutputCheck(name, False, "shape", "the output was not returned"))
+            continue
+        checks.append(_check_one(name, spec, axes, outputs[name], references[name], task.tolerance))
+    return CheckReport(stage, workload, tuple(checks))
+
+
+def _check_one(
+    name: str,
+    spec: TensorSpec,
+    axes: dict[str, int],
+    out: torch.Tensor,
+    ref: torch.Tensor,
+    tolerance: Tolerance,
+) -> OutputCheck:
+    import torch
+
+    shape = tuple(axes[a] for a in spec.shape)
+    if tuple(out.shape) != shape:
+        return OutputCheck(name, False, "shape", f"shape {tuple(out.shape)}, expected {shape}")
+    expected_dtype = getattr(torch, _TORCH_DTYPES[spec.dtype])
+    if out.dtype != expected_dtype:
+        return OutputCheck(name, False, "dtype", f"dtype {out.dtype}, expected {expected_dtype}")
+    atol, rtol = tolerance.atol, tolerance.rtol
+    got = out.to(device=ref.device, dtype=torch.float32)
+    expected = ref.to(torch.float32)
+    finite = torch.isfinite(got)
+    diff = (got - expected).abs()
+    allowed = atol + rtol * expected.abs()
+    bad = ~finite | (diff > allowed)
+    mismatched = int(bad.sum().item())
+    non_finite = int((~finite).sum().item())
+    diff_finite = torch.where(finite, diff, torch.zeros_like(diff))
+    max_abs = float(diff_finite.max().item()) if diff.numel() else 0.0
+    rel = diff_finite / (expected.abs() + 1e-8)
+    max_rel = float(rel.max().item()) if diff.numel() else 0.0
+    worst: tuple[Mismatch, ...] = ()
+    if mismatched:
+        # Rank by how far past the tolerance an element is; non-finite ones first.
+        excess = torch.where(finite, diff - allowed, torch.full_like(diff, float("inf")))
+        flat = excess.flatten()
+        count = min(_WORST_SHOWN, mismatched)
+        positions = torch.topk(flat, count).indices.tolist()
+        worst = tuple(
+            Mismatch(
+                tuple(int(i) for i in _unravel(p, shape)),
+                float(got.flatten()[p].item()),
+                float(expected.flatten()[p].item()),
+            )
+            for p in positions
+        )
+    ok = mismatched == 0
+    detail = "" if ok else f"{mismatched} of {diff.numel()} elements outside tolerance"
+    return OutputCheck(
+        name,
+        ok,
+        "" if ok else "numerical",
+        detail,
+        max_abs,
+        max_rel,
+        mismatched,
+        non_finite,
+        int(diff.numel()),
+        worst,
+    )
+
+
+def _unravel(position: int, shape: tuple[int, ...]) -> list[int]:
+    index = []
+    for size in reversed(shape):
+        index.append(position % size)
+        position //= size
+    return list(reversed(index))

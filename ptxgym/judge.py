@@ -1,0 +1,454 @@
+"""The judge: the trusted GPU process that evaluates candidates through disposable workers.
+
+One judge per GPU. It holds the workload state that must never be visible to candidate code —
+the seeds, the reference outputs, the baseline latencies — and keeps it across steps. For each
+candidate it hands a fresh worker (``ptxgym.worker``) the library and the seeds, compares what
+comes back with the references, and turns crashes, hangs and bad outputs into a verdict. A worker
+that dies, hangs or breaks its CUDA context costs only itself: it is killed, and a spare, already
+started, serves the next candidate.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import secrets
+import tempfile
+import time
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+from ptxgym import channel, paths
+from ptxgym.correctness import CheckReport, check_outputs
+from ptxgym.outcome import Status
+from ptxgym.tasks import Task, WorkloadSpec
+from ptxgym.timing import TIMED_CALLS, TRIALS, WARMUP_CALLS, Timer, WorkloadTiming
+from ptxgym.worker import make_inputs, resolve_callable, worker_main
+
+_PROTOCOL = f"warmup{WARMUP_CALLS}-iters{TIMED_CALLS}-trials{TRIALS}-v1"
+_LOG_TAIL_CHARS = 2000
+
+
+@dataclass(frozen=True)
+class JudgeSettings:
+    """Deadlines and the timing protocol."""
+
+    stage_timeout_s: float = 300.0
+    warmup: int = WARMUP_CALLS
+    iters: int = TIMED_CALLS
+    trials: int = TRIALS
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What the judge concluded about one candidate."""
+
+    status: Status
+    message: str
+    checks: tuple[CheckReport, ...] = ()
+    timings: tuple[WorkloadTiming, ...] = ()
+    worker_log: str = ""
+    seconds: float = 0.0
+
+    @property
+    def latency_ms(self) -> float | None:
+        return sum(t.latency_ms for t in self.timings) if self.timings else None
+
+    @property
+    def baseline_latency_ms(self) -> float | None:
+        return sum(t.baseline_latency_ms for t in self.timings) if self.timings else None
+
+
+@dataclass
+class _Stage:
+    name: str
+    seed: int
+    outliers: bool
+    references: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class _WorkloadState:
+    spec: WorkloadSpec
+    stages: list[_Stage]
+    baseline_ms: float
+    baseline_method: str
+
+
+class _Worker:
+    """A started worker process waiting for its one job."""
+
+    def __init__(self, context: Any, device: int, folder: Path) -> None:
+        folder.mkdir(parents=True, exist_ok=True)
+        self.log_path = folder / f"worker-{secrets.token_hex(4)}.log"
+        self.conn, child = context.Pipe()
+        self.process = context.Process(
+            target=worker_main, args=(child, device, str(self.log_path)), daemon=True
+        )
+        self.process.start()
+        child.close()
+        self.ready = False
+
+    def wait_ready(self, timeout_s: float) -> None:
+        if not self.ready:
+            header, _ = _receive(self.conn, timeout_s)
+            if header.get("kind") != "ready":
+                raise channel.ChannelError(f"worker did not start: {header}")
+            self.ready = True
+
+    def log_tail(self) -> str:
+        try:
+            text = self.log_path.read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            return ""
+        return text[-_LOG_TAIL_CHARS:].strip()
+
+    def kill(self) -> None:
+        if self.process.is_alive():
+            self.process.kill()
+        self.process.join(timeout=10)
+        self.conn.close()
+        self.log_path.unlink(missing_ok=True)
+
+
+class _Timeout(Exception):
+    pass
+
+
+def _receive(conn: Connection, timeout_s: float) -> tuple[dict[str, Any], dict[str, Any]]:
+    if not conn.poll(timeout_s):
+        raise _Timeout
+    return channel.receive(conn)
+
+
+class Judge:
+    """Evaluates candidates for any task whose target matches this GPU."""
+
+    def __init__(self, device: int, settings: JudgeSettings) -> None:
+        import torch
+
+        self.torch = torch
+        self.device = device
+        self.settings = settings
+        torch.cuda.set_device(device)
+        self.context = multiprocessing.get_context("spawn")
+        self.folder = Path(tempfile.mkdtemp(prefix="ptxgym-judge-"))
+        self.timer = Timer()
+        self.states: dict[tuple[str, str], _WorkloadState] = {}
+        self.spare: _Worker | None = None
+        self._start_spare()
+
+    @property
+    def device_info(self) -> dict[str, Any]:
+        torch = self.torch
+        properties = torch.cuda.get_device_properties(self.device)
+        return {
+            "name": properties.name,
+            "capability": [properties.major, properties.minor],
+            "torch": torch.__version__,
+            "cuda": torch.version.cuda,
+            "cudnn": torch.backends.cudnn.version(),
+            "driver": _driver_version(),
+            "timing_method": "cupti" if self.timer.cupti is not None else "host-sync",
+        }
+
+    def _start_spare(self) -> None:
+        self.spare = _Worker(self.context, self.device, self.folder)
+
+    def _take_worker(self) -> _Worker:
+        worker = (
+            self.spare
+            if self.spare is not None
+            else _Worker(self.context, self.device, self.folder)
+        )
+        self.spare = None
+        try:
+            worker.wait_ready(self.settings.stage_timeout_s)
+        except (channel.ChannelError, _Timeout, EOFError, OSError):
+            worker.kill()
+            worker = _Worker(self.context, self.device, self.folder)
+            worker.wait_ready(self.settings.stage_timeout_s)
+        return worker
+
+    # ----------------------------------------------------------------------------------------
+    # Workload state: seeds, references, baselines; built once per (task, workload).
+
+    def workload_state(self, task: Task, workload: WorkloadSpec) -> _WorkloadState:
+        key = (task.model_dump_json(), workload.name)
+        if key not in self.states:
+            self.states[key] = self._build_state(task, workload)
+        return self.states[key]
+
+    def _build_state(self, task: Task, workload: WorkloadSpec) -> _WorkloadState:
+        torch = self.torch
+        reference = resolve_callable(task.callables.reference)
+        baseline = resolve_callable(task.callables.baseline)
+        payload = {"axes": workload.axes, "sequences": workload.sequences}
+        stages = [_Stage(f"trial{i}", secrets.randbits(62), False) for i in range(TRIALS)]
+        stages.append(_Stage("outliers", secrets.randbits(62), True))
+        trial_inputs = []
+        for stage in stages:
+            inputs = make_inputs(task, payload, stage.seed, stage.outliers)
+            stage.references = reference(inputs, **task.callables.params)
+            if not stage.outliers:
+                trial_inputs.append(inputs)
+        cached = _baseline_cache_get(self._baseline_key(task, workload))
+        if cached is not None:
+            baseline_ms, method = cached
+        else:
+            closures = [baseline(inputs, **task.callables.params) for inputs in trial_inputs]
+            result = self.timer.measure(
+                lambda i: closures[i % len(closures)](),
+                lambda i: None,
+                warmup=self.settings.warmup,
+                iters=self.settings.iters,
+                trials=self.settings.trials,
+            )
+            baseline_ms, method = result.latency_ms, result.method
+            _baseline_cache_put(self._baseline_key(task, workload), baseline_ms, method)
+        del trial_inputs
+        torch.cuda.empty_cache()
+        return _WorkloadState(workload, stages, baseline_ms, method)
+
+    def _baseline_key(self, task: Task, workload: WorkloadSpec) -> str:
+        info = self.device_info
+        libraries = {"torch": info["torch"], "cuda": info["cuda"], "cudnn": info["cudnn"]}
+        if "flashinfer" in task.callables.baseline:
+            try:
+                import flashinfer
+
+                libraries["flashinfer"] = flashinfer.__version__
+            except ImportError:
+                pass
+        return json.dumps(
+            [
+                info["name"],
+                info["driver"],
+                libraries,
+                task.callables.baseline,
+                task.callables.params,
+                workload.model_dump(),
+                _PROTOCOL,
+                info["timing_method"],
+            ],
+            sort_keys=True,
+        )
+
+    def baseline_ms(self, task: Task) -> dict[str, float]:
+        return {w.name: self.workload_state(task, w).baseline_ms for w in task.workloads}
+
+    # ----------------------------------------------------------------------------------------
+    # One evaluation.
+
+    def evaluate(self, task: Task, library: str) -> Verdict:
+        started = time.perf_counter()
+        states = [self.workload_state(task, w) for w in task.workloads]
+        worker = self._take_worker()
+        try:
+            verdict = self._run(task, library, states, worker)
+        finally:
+            log = worker.log_tail()
+            worker.kill()
+            # Started after the timing, not during it, so its start-up cannot disturb the
+            # measurement; it overlaps the caller's next generation and compile instead.
+            self._start_spare()
+        if verdict.status is Status.RUNTIME_ERROR and log:
+            verdict = Verdict(verdict.status, verdict.message, verdict.checks, verdict.timings, log)
+        return Verdict(
+            verdict.status,
+            verdict.message,
+            verdict.checks,
+            verdict.timings,
+            verdict.worker_log,
+            time.perf_counter() - started,
+        )
+
+    def _run(
+        self, task: Task, library: str, states: list[_WorkloadState], worker: _Worker
+    ) -> Verdict:
+        torch = self.torch
+        job = {
+            "task": task.model_dump(mode="json"),
+            "library": library,
+            "warmup": self.settings.warmup,
+            "iters": self.settings.iters,
+            "trials": self.settings.trials,
+            "workloads": [
+                {
+                    "name": s.spec.name,
+                    "axes": s.spec.axes,
+                    "sequences": s.spec.sequences,
+                    "checks": [
+                        {"name": st.name, "seed": st.seed, "outliers": st.outliers}
+                        for st in s.stages
+                    ],
+                }
+                for s in states
+            ],
+        }
+        by_name = {s.spec.name: s for s in states}
+        checks: list[CheckReport] = []
+        timings: list[WorkloadTiming] = []
+        channel.send(worker.conn, job)
+        timeout = self.settings.stage_timeout_s
+        stage_name = "start"
+        try:
+            while True:
+                header, tensors = _receive(worker.conn, timeout)
+                kind = header.get("kind")
+                if kind == "done":
+                    return self._passed(checks, timings)
+                if kind == "error":
+                    status = Status(header.get("status", "RUNTIME_ERROR"))
+                    return Verdict(
+                        status, str(header.get("message", "")), tuple(checks), tuple(timings)
+                    )
+                state = by_name[str(header["workload"])]
+                stage = next(s for s in state.stages if s.name == header["stage"])
+                stage_name = f"{state.spec.name}/{stage.name}"
+                outputs = {n: t.to("cuda") for n, t in tensors.items()}
+                report = check_outputs(
+                    task,
+                    stage.name if kind == "check" else "timed-loop",
+                    state.spec.name,
+                    task.axis_values(state.spec),
+                    outputs,
+                    stage.references,
+                )
+                checks.append(report)
+                modified = [str(m) for m in header.get("modified_inputs", [])]
+                if modified:
+                    return Verdict(
+                        Status.INCORRECT_NUMERICAL,
+                        f"the kernel modified its input(s) {', '.join(modified)} "
+                        f"({stage_name}); inputs are read-only",
+                        tuple(checks),
+                    )
+                if not report.ok:
+                    return self._incorrect(report, tuple(checks))
+                if kind == "timing":
+                    timings.append(
+                        WorkloadTiming(
+                            state.spec.name,
+                            float(header["latency_ms"]),
+                            state.baseline_ms,
+                            state.baseline_ms / max(float(header["latency_ms"]), 1e-9),
+                            tuple(float(x) for x in header["trial_medians_ms"]),
+                            str(header["method"]),
+                        )
+                    )
+                del outputs
+                torch.cuda.empty_cache()
+                channel.send(worker.conn, {"kind": "continue"})
+        except _Timeout:
+            return Verdict(
+                Status.TIMEOUT,
+                f"no progress within {timeout:.0f} s during "
+                f"{stage_name}: the kernel hangs or is far too slow",
+                tuple(checks),
+            )
+        except (EOFError, OSError, channel.ChannelError) as exc:
+            worker.process.join(timeout=5)
+            code = worker.process.exitcode
+            how = (
+                f"was killed by signal {-code}"
+                if code is not None and code < 0
+                else f"exited with code {code}"
+            )
+            detail = f" ({exc})" if isinstance(exc, channel.ChannelError) else ""
+            return Verdict(
+                Status.RUNTIME_ERROR,
+                f"the process running the kernel {how} during {stage_name}{detail}",
+                tuple(checks),
+            )
+
+    def _passed(self, checks: list[CheckReport], timings: list[WorkloadTiming]) -> Verdict:
+        latency = sum(t.latency_ms for t in timings)
+        baseline = sum(t.baseline_latency_ms for t in timings)
+        return Verdict(
+            Status.PASSED,
+            f"correct on {len(checks)} checks; {latency:.4f} ms vs baseline {baseline:.4f} ms",
+            tuple(checks),
+            tuple(timings),
+        )
+
+    @staticmethod
+    def _incorrect(report: CheckReport, checks: tuple[CheckReport, ...]) -> Verdict:
+        status = {
+            "shape": Status.INCORRECT_SHAPE,
+            "dtype": Status.INCORRECT_DTYPE,
+        }.get(report.first_problem, Status.INCORRECT_NUMERICAL)
+        bad = [o for o in report.outputs if not o.ok]
+        summary = "; ".join(f"{o.name}: {o.detail}" for o in bad)
+        return Verdict(status, f"{report.workload}/{report.stage}: {summary}", checks)
+
+    def close(self) -> None:
+        if self.spare is not None:
+            self.spare.kill()
+        for log in self.folder.glob("*"):
+            log.unlink(missing_ok=True)
+        os.rmdir(self.folder)
+
+
+def _driver_version() -> str:
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        version = pynvml.nvmlSystemGetDriverVersion()
+        return version.decode() if isinstance(version, bytes) else str(version)
+    except Exception:
+        return "unknown"
+
+
+def _baseline_cache_path() -> Path:
+    return paths.cache_dir() / "baselines.json"
+
+
+def _baseline_cache_get(key: str) -> tuple[float, str] | None:
+    try:
+        entry = json.loads(_baseline_cache_path().read_text())[key]
+        return float(entry["latency_ms"]), str(entry["method"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _baseline_cache_put(key: str, latency_ms: float, method: str) -> None:
+    path = _baseline_cache_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        data = {}
+    data[key] = {"latency_ms": latency_ms, "method": method, "measured": time.time()}
+    temporary = path.with_suffix(f".{os.getpid()}.tmp")
+    temporary.write_text(json.dumps(data, indent=1))
+    os.replace(temporary, path)
+
+
+def judge_main(conn: Connection, device: int, settings: JudgeSettings) -> None:
+    """Process entry: serve evaluation requests from the (trusted) evaluator until closed."""
+    try:
+        judge = Judge(device, settings)
+    except Exception as exc:
+        conn.send(("failed", f"{type(exc).__name__}: {exc}"))
+        return
+    conn.send(("ready", judge.device_info))
+    while True:
+        try:
+            request = conn.recv()
+        except EOFError:
+            break
+        if request[0] == "close":
+            break
+        try:
+            if request[0] == "evaluate":
+                conn.send(("verdict", judge.evaluate(request[1], request[2])))
+            elif request[0] == "baseline":
+                conn.send(("baseline", judge.baseline_ms(request[1])))
+        except Exception as exc:  # an evaluator bug or a missing dependency: report, keep serving
+            conn.send(("failed", f"{type(exc).__name__}: {exc}"))
+    judge.close()

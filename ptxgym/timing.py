@@ -1,0 +1,222 @@
+"""Device time of a call: all work it launches, on any stream, with a cold L2.
+
+Used the same way for candidates (in the worker) and baselines (in the judge), so the two are
+comparable. Before every timed call, outside the measured window: the caller's ``prepare`` (poison
+outputs, pick the input set), an L2 flush (a write over twice the L2 size), and a reset of the
+persisting-L2 carve-out. The call is bracketed by CUPTI timestamps; its device time is the span
+from the first start to the last end of the kernels, copies and memsets whose launching API call
+(runtime or driver, any thread) fell inside the bracket. Without CUPTI, the fallback is host
+wall time from just before the call to the end of a device-wide synchronisation, which includes
+launch overhead; the record says which method measured it.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+WARMUP_CALLS = 10
+TIMED_CALLS = 50
+TRIALS = 3
+
+
+@dataclass(frozen=True)
+class TimingResult:
+    """Medians per trial and their mean, in milliseconds."""
+
+    method: str
+    trial_medians_ms: tuple[float, ...]
+    latency_ms: float
+    calls: int
+    persisting_l2_reset: bool
+
+
+@dataclass(frozen=True)
+class WorkloadTiming:
+    """Candidate and baseline latency on one workload."""
+
+    workload: str
+    latency_ms: float
+    baseline_latency_ms: float
+    speedup: float
+    trial_medians_ms: tuple[float, ...]
+    method: str
+
+
+class _Cupti:
+    """CUPTI activity collection through cupti-python; one instance per process."""
+
+    _API_KINDS = ("RUNTIME", "DRIVER")
+    _DEVICE_KINDS = ("CONCURRENT_KERNEL", "MEMCPY", "MEMSET")
+
+    def __init__(self) -> None:
+        from cupti import cupti
+
+        self.cupti = cupti
+        self.api: list[tuple[int, int]] = []  # (start, correlation id)
+        self.device: dict[int, list[tuple[int, int]]] = {}  # correlation id -> [(start, end)]
+        kind = cupti.ActivityKind
+        self._api_kinds = {int(getattr(kind, name)) for name in self._API_KINDS}
+        self._device_kinds = {int(getattr(kind, name)) for name in self._DEVICE_KINDS}
+        cupti.activity_register_callbacks(self._buffer_requested, self._buffer_completed)
+
+    @staticmethod
+    def _buffer_requested() -> tuple[int, int]:
+        return 8 << 20, 0
+
+    def _buffer_completed(self, activities: list[Any]) -> None:
+        for activity in activities:
+            kind = int(activity.kind)
+            if kind in self._api_kinds:
+                self.api.append((activity.start, activity.correlation_id))
+            elif kind in self._device_kinds:
+                self.device.setdefault(activity.correlation_id, []).append(
+                    (activity.start, activity.end)
+                )
+
+    def start(self) -> None:
+        self.api.clear()
+        self.device.clear()
+        for name in (*self._API_KINDS, *self._DEVICE_KINDS):
+            self.cupti.activity_enable(getattr(self.cupti.ActivityKind, name))
+
+    def stop(self) -> None:
+        self.cupti.activity_flush_all(1)
+        for name in (*self._API_KINDS, *self._DEVICE_KINDS):
+            self.cupti.activity_disable(getattr(self.cupti.ActivityKind, name))
+
+    def timestamp(self) -> int:
+        return int(self.cupti.get_timestamp())
+
+    def spans_ms(self, brackets: list[tuple[int, int]]) -> list[float]:
+        """Device span of the work launched inside each (start, end) bracket, in ms."""
+        api = sorted(self.api)
+        spans = []
+        for begin, end in brackets:
+            records = [
+                window
+                for start, correlation in api
+                if begin <= start <= end
+                for window in self.device.get(correlation, ())
+            ]
+            if records:
+                first = min(start for start, _ in records)
+                last = max(stop for _, stop in records)
+                spans.append((last - first) / 1e6)
+            else:
+                # The call launched no device work: only its host time can be charged.
+                spans.append((end - begin) / 1e6)
+        return spans
+
+
+_cupti: _Cupti | None = None
+
+
+def _cupti_or_none() -> _Cupti | None:
+    global _cupti
+    if _cupti is None:
+        try:
+            _cupti = _Cupti()
+        except Exception:  # any failure to load or register means: fall back, and say so
+            return None
+    return _cupti
+
+
+class Timer:
+    """Times calls on the current CUDA device with the protocol above."""
+
+    def __init__(self, *, use_cupti: bool = True) -> None:
+        import torch
+
+        self.torch = torch
+        properties = torch.cuda.get_device_properties(torch.cuda.current_device())
+        l2_bytes = int(getattr(properties, "L2_cache_size", 64 << 20))
+        self.flush_buffer = torch.empty(
+            max(2 * l2_bytes, 256 << 20), dtype=torch.uint8, device="cuda"
+        )
+        self.cupti = _cupti_or_none() if use_cupti else None
+        self.runtime = _cuda_runtime()
+
+    def _reset_l2(self) -> bool:
+        self.flush_buffer.zero_()
+        if self.runtime is None:
+            return False
+        limit = self.runtime.cudaLimit.cudaLimitPersistingL2CacheSize
+        set_ok = self.runtime.cudaDeviceSetLimit(limit, 0)[0] == 0
+        reset_ok = self.runtime.cudaCtxResetPersistingL2Cache()[0] == 0
+        return bool(set_ok and reset_ok)
+
+    def measure(
+        self,
+        call: Callable[[int], None],
+        prepare: Callable[[int], None],
+        *,
+        warmup: int = WARMUP_CALLS,
+        iters: int = TIMED_CALLS,
+        trials: int = TRIALS,
+    ) -> TimingResult:
+        """Time ``call(i)`` ``iters`` times per trial after ``warmup`` untimed calls."""
+        torch = self.torch
+        index = 0
+        for _ in range(warmup):
+            prepare(index)
+            call(index)
+            index += 1
+        torch.cuda.synchronize()
+        medians = []
+        reset_ok = True
+        for _ in range(trials):
+            times, reset = self._trial(call, prepare, index, iters)
+            index += iters
+            reset_ok = reset_ok and reset
+            medians.append(statistics.median(times))
+        return TimingResult(
+            method="cupti" if self.cupti is not None else "host-sync",
+            trial_medians_ms=tuple(medians),
+            latency_ms=statistics.fmean(medians),
+            calls=trials * iters,
+            persisting_l2_reset=reset_ok,
+        )
+
+    def _trial(
+        self, call: Callable[[int], None], prepare: Callable[[int], None], first: int, iters: int
+    ) -> tuple[list[float], bool]:
+        torch = self.torch
+        reset_ok = True
+        if self.cupti is None:
+            times = []
+            for i in range(first, first + iters):
+                prepare(i)
+                reset_ok = self._reset_l2() and reset_ok
+                torch.cuda.synchronize()
+                started = time.perf_counter()
+                call(i)
+                torch.cuda.synchronize()
+                times.append((time.perf_counter() - started) * 1e3)
+            return times, reset_ok
+        brackets = []
+        self.cupti.start()
+        try:
+            for i in range(first, first + iters):
+                prepare(i)
+                reset_ok = self._reset_l2() and reset_ok
+                torch.cuda.synchronize()
+                begin = self.cupti.timestamp()
+                call(i)
+                end = self.cupti.timestamp()
+                torch.cuda.synchronize()
+                brackets.append((begin, end))
+        finally:
+            self.cupti.stop()
+        return self.cupti.spans_ms(brackets), reset_ok
+
+
+def _cuda_runtime() -> Any:
+    try:
+        from cuda.bindings import runtime
+    except ImportError:
+        return None
+    return runtime

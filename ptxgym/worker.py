@@ -1,0 +1,245 @@
+"""The untrusted worker: loads one candidate library, runs it, and reports what it produced.
+
+A worker serves exactly one evaluation and exits; a fresh one is started for the next, so no state
+(static caches, a corrupted CUDA context, threads left running) survives from one candidate to
+another. It never receives reference outputs or baseline timings: it generates the inputs itself
+from the seeds it is given, with the task's trusted input generator, and sends the outputs back to
+the judge, which holds the references. Its stdout and stderr go to a log file the judge reads
+after a crash.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import faulthandler
+import importlib
+import os
+from collections.abc import Callable
+from multiprocessing.connection import Connection
+from typing import TYPE_CHECKING, Any
+
+from ptxgym import channel
+from ptxgym.tasks import Task
+
+if TYPE_CHECKING:
+    import torch
+
+_POISON = float("nan")
+_TORCH_DTYPES = {"bfloat16": "bfloat16", "float32": "float32", "int32": "int32"}
+
+
+def resolve_callable(reference: str) -> Callable[..., Any]:
+    """Import ``module:function``."""
+    module, function = reference.split(":")
+    target: Callable[..., Any] = getattr(importlib.import_module(module), function)
+    return target
+
+
+def make_inputs(
+    task: Task, workload: dict[str, Any], seed: int, outliers: bool
+) -> dict[str, torch.Tensor]:
+    """The task's inputs for one workload and seed (identical in the judge and the worker)."""
+    generate = resolve_callable(task.callables.inputs)
+    inputs: dict[str, torch.Tensor] = generate(
+        {**task.definition.const_axes, **workload["axes"]},
+        seed=seed,
+        device="cuda",
+        outliers=outliers,
+        **task.callables.params,
+        **workload["sequences"],
+    )
+    return inputs
+
+
+def allocate_outputs(task: Task, axes: dict[str, int]) -> dict[str, torch.Tensor]:
+    """Output buffers of the definition's shapes and dtypes, poisoned."""
+    import torch
+
+    outputs = {}
+    for name, spec in task.definition.outputs.items():
+        shape = [axes[a] for a in spec.shape]
+        dtype = getattr(torch, _TORCH_DTYPES[spec.dtype])
+        outputs[name] = torch.empty(shape, dtype=dtype, device="cuda")
+    poison(outputs)
+    return outputs
+
+
+def poison(outputs: dict[str, torch.Tensor]) -> None:
+    for tensor in outputs.values():
+        if tensor.is_floating_point():
+            tensor.fill_(_POISON)
+        else:
+            tensor.fill_(-0x7EADBEEF)
+
+
+class Entry:
+    """The candidate's C entry point, bound with ctypes to the task's signature."""
+
+    def __init__(self, library: str, task: Task) -> None:
+        self.task = task
+        self.library = ctypes.CDLL(library, mode=ctypes.RTLD_LOCAL)
+        self.function = getattr(self.library, task.entry_point.symbol)
+        pointers = len(task.definition.inputs) + len(task.definition.outputs)
+        self.function.argtypes = (
+            [ctypes.c_void_p] * pointers
+            + [ctypes.c_int] * len(task.entry_point.axes)
+            + [ctypes.c_void_p]
+        )
+        self.function.restype = ctypes.c_int
+
+    def __call__(
+        self,
+        inputs: dict[str, torch.Tensor],
+        outputs: dict[str, torch.Tensor],
+        axes: dict[str, int],
+        stream: int,
+    ) -> int:
+        definition = self.task.definition
+        arguments: list[Any] = [inputs[name].data_ptr() for name in definition.inputs]
+        arguments += [outputs[name].data_ptr() for name in definition.outputs]
+        arguments += [axes[name] for name in self.task.entry_point.axes]
+        return int(self.function(*arguments, stream))
+
+
+def error_name(code: int) -> str:
+    try:
+        from cuda.bindings import runtime
+
+        name = runtime.cudaGetErrorName(runtime.cudaError_t(code))[1]
+        return name.decode() if isinstance(name, bytes) else str(name)
+    except Exception:
+        return f"error {code}"
+
+
+def worker_main(conn: Connection, device: int, log_path: str) -> None:
+    """Process entry: set up, report ready, serve one job, exit."""
+    log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    faulthandler.enable()
+    import torch
+
+    from ptxgym.timing import Timer
+
+    torch.cuda.set_device(device)
+    torch.zeros(1, device="cuda")
+    timer = Timer()
+    channel.send(conn, {"kind": "ready", "pid": os.getpid()})
+    job, _ = channel.receive(conn)
+    try:
+        _serve(conn, job, timer)
+    except Exception as exc:  # the candidate broke the CUDA context, or raised through ctypes
+        channel.send(
+            conn, {"kind": "error", "status": "RUNTIME_ERROR", "message": _first_line(exc)}
+        )
+    conn.close()
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}"
+
+
+def _serve(conn: Connection, job: dict[str, Any], timer: Any) -> None:
+    import torch
+
+    task = Task.model_validate(job["task"])
+    entry = Entry(job["library"], task)
+    stream = torch.cuda.Stream()
+    for workload in job["workloads"]:
+        axes = {**task.definition.const_axes, **workload["axes"]}
+        for stage in workload["checks"]:
+            inputs = make_inputs(task, workload, stage["seed"], stage["outliers"])
+            pristine = {name: tensor.clone() for name, tensor in inputs.items()}
+            outputs = allocate_outputs(task, axes)
+            torch.cuda.synchronize()
+            with torch.cuda.stream(stream):
+                code = entry(inputs, outputs, axes, stream.cuda_stream)
+            torch.cuda.synchronize()
+            if code != 0:
+                channel.send(
+                    conn,
+                    {
+                        "kind": "error",
+                        "status": "RUNTIME_ERROR",
+                        "message": f"the entry point returned {code} ({error_name(code)})",
+                    },
+                )
+                return
+            modified = [n for n in inputs if not torch.equal(inputs[n], pristine[n])]
+            channel.send(
+                conn,
+                {
+                    "kind": "check",
+                    "workload": workload["name"],
+                    "stage": stage["name"],
+                    "modified_inputs": modified,
+                },
+                outputs,
+            )
+            del inputs, pristine, outputs
+            if channel.receive(conn)[0].get("kind") != "continue":
+                return
+    for workload in job["workloads"]:
+        _time_workload(conn, task, entry, workload, job, timer, stream)
+        if channel.receive(conn)[0].get("kind") != "continue":
+            return
+    channel.send(conn, {"kind": "done"})
+
+
+def _time_workload(
+    conn: Connection,
+    task: Task,
+    entry: Entry,
+    workload: dict[str, Any],
+    job: dict[str, Any],
+    timer: Any,
+    stream: Any,
+) -> None:
+    import torch
+
+    axes = {**task.definition.const_axes, **workload["axes"]}
+    stages = [s for s in workload["checks"] if not s["outliers"]]
+    sets = [make_inputs(task, workload, s["seed"], False) for s in stages]
+    outputs = [allocate_outputs(task, axes) for _ in sets]
+    codes: list[int] = []
+
+    def prepare(i: int) -> None:
+        poison(outputs[i % len(sets)])
+
+    def call(i: int) -> None:
+        with torch.cuda.stream(stream):
+            codes.append(
+                entry(sets[i % len(sets)], outputs[i % len(sets)], axes, stream.cuda_stream)
+            )
+
+    result = timer.measure(
+        call, prepare, warmup=job["warmup"], iters=job["iters"], trials=job["trials"]
+    )
+    torch.cuda.synchronize()
+    failed = [c for c in codes if c != 0]
+    if failed:
+        channel.send(
+            conn,
+            {
+                "kind": "error",
+                "status": "RUNTIME_ERROR",
+                "message": f"the entry point returned {failed[0]} "
+                f"({error_name(failed[0])}) while being timed",
+            },
+        )
+        return
+    last = (len(codes) - 1) % len(sets)
+    channel.send(
+        conn,
+        {
+            "kind": "timing",
+            "workload": workload["name"],
+            "stage": stages[last]["name"],
+            "method": result.method,
+            "trial_medians_ms": list(result.trial_medians_ms),
+            "latency_ms": result.latency_ms,
+            "persisting_l2_reset": result.persisting_l2_reset,
+        },
+        outputs[last],
+    )

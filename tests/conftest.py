@@ -1,0 +1,38 @@
+"""Shared test setup: a private build cache, and GPU tests skipped where there is no GPU."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+
+def _gpu_present() -> bool:
+    if not shutil.which("nvidia-smi"):
+        return False
+    result = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, check=False)
+    return result.returncode == 0 and "GPU" in result.stdout
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    skips = {}
+    if not _gpu_present():
+        skips["gpu"] = "needs an NVIDIA GPU (run `pytest -m gpu` on a GPU host)"
+    if shutil.which("nvcc") is None:
+        skips["nvcc"] = "needs nvcc (the CUDA toolkit)"
+    for item in items:
+        for marker, reason in skips.items():
+            if marker in item.keywords:
+                item.add_marker(pytest.mark.skip(reason=reason))
+
+
+@pytest.fixture(autouse=True, scope="session")
+def private_build_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """Keep test builds out of the user's cache; shared across the session so cache hits show."""
+    cache = tmp_path_factory.mktemp("ptxgym-cache")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("PTXGYM_CACHE", str(cache))
+        yield cache

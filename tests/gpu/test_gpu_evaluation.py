@@ -1,0 +1,103 @@
+"""GPU evaluation end to end: correct kernels pass, broken ones fail alone, the next step works.
+
+Runs on an sm_90 host (``pytest -m gpu``). The kernels are the naive example GEMM and variants of
+it, each broken in one way; after every broken one, the correct kernel is stepped on the same env
+and must still reach PASSED. The timing protocol is shortened (the correctness protocol is not):
+these tests are about outcomes, the benchmarks about numbers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from ptxgym import paths
+from ptxgym.env import PTXKernelEnv
+from ptxgym.gpu_evaluator import LocalGPUEvaluator, incompatibility
+from ptxgym.judge import JudgeSettings
+from ptxgym.outcome import Status
+from ptxgym.tasks import get_task
+
+pytestmark = pytest.mark.gpu
+
+GEMM = get_task("PTX-H100-GEMM")
+NAIVE_GEMM = (paths.examples_dir() / "naive" / "gemm.cu").read_text()
+ENTRY_OPEN = "cudaStream_t stream) {\n"
+LAUNCH = "gemm_tn_kernel<<<grid, kThreads, 0, stream>>>(A, B, C, M, N, K, vec_ab, vec_c);\n"
+FMA = "acc[i][j] = fmaf(a[i], b[j], acc[i][j]);"
+ROW_GUARD = "if (m >= M) continue;"
+SETTINGS = JudgeSettings(stage_timeout_s=30.0, warmup=2, iters=5, trials=3)
+
+
+def variant(old: str, new: str, prefix: str = "") -> str:
+    assert old in NAIVE_GEMM, f"the naive GEMM changed: {old!r} not found"
+    return prefix + NAIVE_GEMM.replace(old, new, 1)
+
+
+BROKEN = {
+    "wrong": (variant(FMA, "acc[i][j] = fmaf(a[i], b[j] * 1.05f, acc[i][j]);"),
+              Status.INCORRECT_NUMERICAL, "outside tolerance"),
+    "partial": (variant(ROW_GUARD, "if (m >= M || m >= M / 2 + 3) continue;"),
+                Status.INCORRECT_NUMERICAL, "NaN"),
+    "writes_input": (variant(LAUNCH, LAUNCH + "  cudaMemsetAsync(const_cast<__nv_bfloat16*>(A), "
+                             "0, 4096, stream);\n"),
+                     Status.INCORRECT_NUMERICAL, "modified its input(s) A"),
+    "segfault": (variant(ENTRY_OPEN, ENTRY_OPEN + "  *(volatile int*)nullptr = 1;\n"),
+                 Status.RUNTIME_ERROR, "signal 11"),
+    "illegal_address": (
+        variant(ENTRY_OPEN, ENTRY_OPEN + "  far_write<<<1, 1, 0, stream>>>(C);\n",
+                "#include <cuda_bf16.h>\n__global__ void far_write(__nv_bfloat16* c) "
+                "{ c[(size_t)1 << 40] = __float2bfloat16(1.f); }\n"),
+        Status.RUNTIME_ERROR, "illegal"),
+    "hang": (variant(ENTRY_OPEN, ENTRY_OPEN + "  spin<<<1, 1, 0, stream>>>();\n",
+                     "__global__ void spin() { while (clock64() >= 0) {} }\n"),
+             Status.TIMEOUT, "no progress"),
+    "exit": (variant(ENTRY_OPEN, ENTRY_OPEN + "  exit(0);\n", "#include <cstdlib>\n"),
+             Status.RUNTIME_ERROR, "exited with code 0"),
+}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def env() -> Iterator[PTXKernelEnv]:
+    reason = incompatibility(GEMM)
+    if reason is not None:
+        pytest.skip(reason)
+    environment = PTXKernelEnv(
+        "PTX-H100-GEMM", turns=100, evaluator=LocalGPUEvaluator(settings=SETTINGS)
+    )
+    environment.reset(seed=0)
+    yield environment
+    environment.close()
+
+
+def test_naive_gemm_passes_with_latency_baseline_and_speedup(env: PTXKernelEnv) -> None:
+    info = env.step(NAIVE_GEMM)[4]
+    outcome = info["outcome"]
+    assert info["status"] == "PASSED", info["feedback"]
+    assert outcome["latency_ms"] > 0 and outcome["baseline_latency_ms"] > 0
+    assert outcome["speedup"] == pytest.approx(
+        outcome["baseline_latency_ms"] / outcome["latency_ms"]
+    )
+    assert len(outcome["checks"]) == 5  # 3 trials, the outlier stage, the timed-loop re-check
+    assert info["reward_components"]["correct"] > 0
+    assert "Speedup:" in info["feedback"]
+
+
+@pytest.mark.parametrize("name", list(BROKEN))
+def test_broken_kernel_fails_alone_and_the_next_step_passes(env: PTXKernelEnv, name: str) -> None:
+    source, status, words = BROKEN[name]
+    info = env.step(source)[4]
+    assert info["status"] == status.value, info["feedback"]
+    assert words in info["feedback"], info["feedback"]
+    info = env.step(NAIVE_GEMM)[4]
+    assert info["status"] == "PASSED", info["feedback"]
+
+
+def test_b200_task_says_it_needs_sm100() -> None:
+    reason = incompatibility(get_task("PTX-B200-GEMM"))
+    assert reason is not None and "sm_100" in reason
+    env = PTXKernelEnv("PTX-B200-GEMM", evaluator="gpu")
+    env.reset()
+    with pytest.raises(RuntimeError, match="sm_100"):
+        env.step(NAIVE_GEMM)

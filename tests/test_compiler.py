@@ -1,0 +1,159 @@
+"""nvcc builds: success and inspection, trimmed errors, cache hits, concurrency, timeouts."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from ptxgym import paths
+from ptxgym.compiler import compile_source
+from ptxgym.evaluator import CompileOnlyEvaluator
+from ptxgym.outcome import Status
+from ptxgym.tasks import get_task
+
+pytestmark = pytest.mark.nvcc
+
+GEMM = get_task("PTX-H100-GEMM")
+NAIVE_GEMM = (paths.examples_dir() / "naive" / "gemm.cu").read_text()
+SIGNATURE = (
+    'extern "C" int gemm(const __nv_bfloat16* A, const __nv_bfloat16* B, __nv_bfloat16* C, '
+    "int M, int N, int K, cudaStream_t stream)"
+)
+HEADER = "#include <cuda_runtime.h>\n#include <cuda_bf16.h>\n"
+
+
+@pytest.mark.parametrize("task_id", ["PTX-H100-GEMM", "PTX-B200-GEMM"])
+def test_naive_gemm_compiles_and_is_inspected(task_id: str) -> None:
+    outcome = CompileOnlyEvaluator().evaluate(get_task(task_id), NAIVE_GEMM)
+    assert outcome.status is Status.COMPILED, outcome.compile
+    build = outcome.compile
+    assert build is not None and build.library is not None and Path(build.library).is_file()
+    assert build.arch == get_task(task_id).arch
+    assert build.kernels and all(k.registers > 0 for k in build.kernels)
+
+
+def test_syntax_error_gives_compile_error_with_the_nvcc_line() -> None:
+    source = HEADER + SIGNATURE + " {\n  int x = 1\n  return x;\n}\n"
+    outcome = CompileOnlyEvaluator().evaluate(GEMM, source)
+    assert outcome.status is Status.COMPILE_ERROR
+    assert outcome.compile is not None
+    assert 'candidate.cu(5): error: expected a ";"' in outcome.compile.log
+
+
+def test_wrong_signature_names_the_required_one() -> None:
+    source = HEADER + SIGNATURE.replace("int K,", "int K, int L,") + " { return 0; }\n"
+    outcome = CompileOnlyEvaluator().evaluate(GEMM, source)
+    assert outcome.status is Status.COMPILE_ERROR
+    assert outcome.compile is not None
+    assert "entry point does not match" in outcome.compile.log
+    assert GEMM.entry_point.signature in outcome.compile.log
+
+
+def test_cublas_include_is_a_policy_violation_and_nothing_compiles() -> None:
+    outcome = CompileOnlyEvaluator().evaluate(GEMM, "#include <cublas_v2.h>\n" + NAIVE_GEMM)
+    assert outcome.status is Status.POLICY_VIOLATION
+    assert outcome.compile is None
+    assert "cuBLAS" in outcome.message
+
+
+def test_second_identical_compile_hits_the_cache() -> None:
+    source = NAIVE_GEMM + "\n// cache test\n"
+    first = compile_source(source, GEMM)
+    started = time.perf_counter()
+    second = compile_source(source, GEMM)
+    elapsed = time.perf_counter() - started
+    assert first.ok and not first.cached
+    assert second.ok and second.cached and second.library == first.library
+    assert second.source_hash == first.source_hash
+    assert elapsed < first.seconds
+
+
+def test_failed_builds_are_cached_too() -> None:
+    source = HEADER + SIGNATURE + " { return undefined_name; }\n"
+    first, second = compile_source(source, GEMM), compile_source(source, GEMM)
+    assert not first.ok and not first.cached
+    assert second.cached and second.log == first.log
+
+
+def test_concurrent_compiles_of_one_source_are_safe(tmp_path: Path) -> None:
+    source = NAIVE_GEMM + "\n// concurrency test\n"
+    with ThreadPoolExecutor(4) as pool:
+        results = list(
+            pool.map(lambda _: compile_source(source, GEMM, cache_root=tmp_path), range(4))
+        )
+    assert all(r.ok for r in results)
+    assert len({r.library for r in results}) == 1
+    assert len(list((tmp_path / "builds").glob("*/*"))) == 1
+    assert not any((tmp_path / "tmp").iterdir()), "temporary build folders must be removed"
+
+
+def test_ptx_errors_show_the_ptx_line() -> None:
+    source = HEADER + '__global__ void k() { asm volatile("wgmma.bogus.sync;"); }\n'
+    source += SIGNATURE + " { k<<<1, 1, 0, stream>>>(); return 0; }\n"
+    outcome = CompileOnlyEvaluator().evaluate(GEMM, source)
+    assert outcome.status is Status.COMPILE_ERROR
+    assert outcome.compile is not None
+    assert "ptxas error" in outcome.compile.log
+    assert "wgmma.bogus.sync" in outcome.compile.log
+
+
+def test_undefined_library_symbol_fails_at_link_time() -> None:
+    source = HEADER + 'extern "C" int hidden_library_call(int);\n'
+    source += SIGNATURE + " { return hidden_library_call(M); }\n"
+    outcome = CompileOnlyEvaluator().evaluate(GEMM, source)
+    assert outcome.status is Status.COMPILE_ERROR
+    assert outcome.compile is not None
+    assert "undefined reference to 'hidden_library_call'" in outcome.compile.log
+
+
+def test_compile_bomb_times_out_and_its_processes_are_killed() -> None:
+    source = HEADER + (
+        "template <int N> __device__ __forceinline__ float f(float a) {\n"
+        "  return f<N - 1>(a * 1.0001f + __sinf(a)) + f<N - 1>(a + 1.f); }\n"
+        "template <> __device__ __forceinline__ float f<0>(float a) { return a; }\n"
+        "__global__ void k(float* x) { x[0] = f<24>(x[0]); }\n"
+    )
+    source += SIGNATURE + " { k<<<1, 1, 0, stream>>>((float*)C); return 0; }\n"
+    started = time.perf_counter()
+    result = compile_source(source, GEMM, timeout_s=3)
+    assert result.timed_out and not result.ok
+    assert time.perf_counter() - started < 15
+    assert not _live_processes("cicc"), "the compiler's process group must be killed"
+
+
+def _live_processes(name: str) -> list[str]:
+    """Processes called ``name`` that still run (zombies, already dead, are left out)."""
+    found = subprocess.run(["pgrep", "-x", name], capture_output=True, text=True).stdout.split()
+    live = []
+    for pid in found:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if state != "Z":
+            live.append(pid)
+    return live
+
+
+def test_compile_errors_never_echo_a_host_file(tmp_path: Path) -> None:
+    secret = "TOP_SECRET_HOST_VALUE"
+    host_file = tmp_path / "host_secret.h"
+    host_file.write_text(f"int {secret} = ;\n")
+    outcome = CompileOnlyEvaluator().evaluate(GEMM, f'#include "{host_file}"\n' + NAIVE_GEMM)
+    assert outcome.status is Status.POLICY_VIOLATION
+    assert secret not in outcome.message
+
+
+def test_errors_inside_system_headers_name_the_header_but_do_not_echo_it() -> None:
+    # Breaking a macro the header relies on produces errors located in the header itself.
+    source = "#define inline 3\n" + NAIVE_GEMM
+    outcome = CompileOnlyEvaluator().evaluate(GEMM, source)
+    assert outcome.status is Status.COMPILE_ERROR
+    assert outcome.compile is not None
+    log = outcome.compile.log
+    assert "(system header)" in log
+    assert "/usr/" not in log and "^" not in log.replace("candidate.cu", "")

@@ -1,0 +1,82 @@
+"""The static policy: includes, forbidden libraries, file-reading tricks, the entry point."""
+
+from __future__ import annotations
+
+import pytest
+
+from ptxgym.policy import MAX_SOURCE_CHARS, check_policy
+from ptxgym.tasks import get_task
+
+TASK = get_task("PTX-H100-GEMM")
+ENTRY = (
+    'extern "C" int gemm(const __nv_bfloat16* A, const __nv_bfloat16* B, __nv_bfloat16* C,\n'
+    "                    int M, int N, int K, cudaStream_t stream) { return 0; }\n"
+)
+
+
+def violations(source: str) -> str:
+    return "\n".join(check_policy(source, TASK).violations)
+
+
+def test_a_plain_kernel_passes() -> None:
+    source = "#include <cuda_runtime.h>\n#include <cuda_bf16.h>\n#include <cstdint>\n" + ENTRY
+    assert check_policy(source, TASK).ok
+
+
+def test_the_pack_header_may_be_included() -> None:
+    assert check_policy('#include "ptxgym_h100.cuh"\n' + ENTRY, TASK).ok
+    assert "only quoted include" in violations('#include "ptxgym_b200.cuh"\n' + ENTRY)
+
+
+@pytest.mark.parametrize(
+    ("source", "message"),
+    [
+        ('#include "/etc/passwd"\n', "never by path"),
+        ("#include </etc/passwd>\n", "never by path"),
+        ('#include "../x.h"\n', "never by path"),
+        ('#include "sub/../../x.h"\n', "never by path"),
+        ("#include <cublas_v2.h>\n", "cuBLAS"),
+        ("#include <cudnn.h>\n", "cuDNN"),
+        ("#include <cutlass/gemm/gemm.h>\n", "CUTLASS"),
+        ("#include <cute/tensor.hpp>\n", "CUTLASS"),
+        ("#include <torch/extension.h>\n", "libtorch"),
+        ("#include <thrust/sort.h>\n", "Thrust"),
+        ("#include <fstream>\n", "not an allowed header"),
+        ("#include <dlfcn.h>\n", "not an allowed header"),
+        ('#define F "/etc/passwd"\n#include F\n', "only a literal"),
+        ("%:include </etc/passwd>\n", "never by path"),
+        ("#inc\\\nlude </etc/passwd>\n", "never by path"),
+        ("/* x */ #  include_next </etc/passwd>\n", "never by path"),
+        ("#embed </etc/passwd>\n", "#embed"),
+        ("#if __has_include(</etc/passwd>)\n#endif\n", "never by path"),
+        ('#pragma GCC dependency "/etc/passwd"\n', "not allowed"),
+        ('_Pragma("GCC dependency \\"x\\"")\n', "not allowed"),
+        ('asm(".incbin \\"/etc/passwd\\"");\n', ".incbin"),
+        ('asm(".inc" "bin \\"/etc/passwd\\"");\n', ".incbin"),
+        ("#define S(x) #x\nasm(S(.incbin));\n", ".incbin"),
+        ('void* h = dlopen("libcublas.so", 2);\n', "dlopen"),
+        ('extern "C" int cublasCreate_v2(void**);\n', "cuBLAS"),
+        ("auto t = torch::empty({1});\n", "libtorch"),
+    ],
+)
+def test_forbidden_source_is_rejected(source: str, message: str) -> None:
+    found = violations(source + ENTRY)
+    assert found, "expected a violation"
+    assert message in found
+
+
+def test_comments_and_strings_do_not_hide_or_fake_directives() -> None:
+    commented = "// #include </etc/passwd>\n/* #include <fstream> */\n" + ENTRY
+    assert check_policy(commented, TASK).ok
+    in_string = 'const char* s = "#include <fstream>";\n' + ENTRY
+    assert check_policy(in_string, TASK).ok
+
+
+def test_missing_entry_point_names_the_signature() -> None:
+    found = violations('#include <cuda_runtime.h>\nextern "C" int gem() { return 0; }\n')
+    assert "entry point is missing" in found
+    assert TASK.entry_point.signature in found
+
+
+def test_oversized_source_is_rejected_without_scanning() -> None:
+    assert "limit" in violations(ENTRY + "//" + "x" * MAX_SOURCE_CHARS)

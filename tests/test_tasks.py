@@ -1,0 +1,147 @@
+"""The task files: the full suite loads, and a bad file is rejected with file, field, problem."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from ptxgym import paths, tasks
+from ptxgym.tasks import TaskFileError, load_tasks, render_signature
+
+OPS = ["MHAFwd", "MHAFwdCausal", "MHABwd", "MHABwdCausal"]
+EXPECTED_IDS = {
+    f"PTX-{gpu}-{name}"
+    for gpu in ("H100", "B200")
+    for name in ["GEMM", "GQADecode", "GQAPrefill"]
+    + [f"{op}-d{d}" for op in OPS for d in (64, 96, 128)]
+}
+
+
+def test_the_suite_has_all_30_tasks() -> None:
+    assert set(tasks.registry()) == EXPECTED_IDS
+    assert len(EXPECTED_IDS) == 30
+
+
+@pytest.mark.parametrize("task_id", sorted(EXPECTED_IDS))
+def test_every_task_is_complete(task_id: str) -> None:
+    task = tasks.get_task(task_id)
+    assert task.turns == 8
+    assert task.tolerance.atol == task.tolerance.rtol == 1e-2
+    assert task.target.arch == {"H100": "sm_90a", "B200": "sm_100a"}[task.gpu]
+    assert set(task.target.instruction_families) == {"compute", "data_movement"}
+    assert render_signature(task.definition, task.entry_point).startswith('extern "C" int ')
+    for workload in task.workloads:
+        assert set(workload.axes) == set(task.definition.var_axes)
+    if "GQA" in task.op:
+        assert len(task.workloads) >= 4
+        assert task.definition.const_axes["num_qo_heads"] == 32
+        assert task.definition.const_axes["num_kv_heads"] == 8
+        assert task.definition.const_axes["head_dim"] == 128
+        batch_sizes = {w.axes["batch_size"] for w in task.workloads}
+        assert len(batch_sizes) >= 4, "the pool must mix batch sizes"
+
+
+def test_derived_axes_follow_the_sequences() -> None:
+    decode = tasks.get_task("PTX-H100-GQADecode")
+    short = next(w for w in decode.workloads if w.name == "b512-short")
+    pages = sum(-(-n // 16) for n in short.sequences["kv_lens"])
+    assert short.axes["num_kv_indices"] == pages
+    assert short.axes["len_indptr"] == 513
+    prefill = tasks.get_task("PTX-H100-GQAPrefill")
+    chunked = next(w for w in prefill.workloads if w.name == "b8-chunked")
+    assert chunked.axes == {"batch_size": 8, "len_indptr": 9, "total_q": 8192, "total_kv": 65536}
+
+
+def test_unknown_task_names_close_matches() -> None:
+    with pytest.raises(KeyError, match="PTX-H100-MHAFwd-d128"):
+        tasks.get_task("PTX-H100-MHAFwd-d12")
+
+
+@pytest.fixture
+def envs_copy(tmp_path: Path) -> Path:
+    root = tmp_path / "envs"
+    shutil.copytree(paths.envs_dir(), root)
+    return root
+
+
+Change = Callable[[dict[str, Any]], object]
+
+
+def _edit(path: Path, change: Change) -> None:
+    data = yaml.safe_load(path.read_text())
+    change(data)
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+
+
+def _gemm(data: dict[str, Any]) -> dict[str, Any]:
+    task: dict[str, Any] = data["tasks"][0]
+    return task
+
+
+BAD_FILES: list[tuple[Change, str]] = [
+    (
+        lambda d: _gemm(d)["definition"]["inputs"]["A"].update(dtype="float64"),
+        r"gemm\.yaml: tasks\[0\] \(PTX-H100-GEMM\): definition\.inputs\.A\.dtype: Input should be",
+    ),
+    (
+        lambda d: _gemm(d)["definition"]["inputs"]["A"].update(shape=["M", "X"]),
+        r"gemm\.yaml.*definition: .*inputs\.A\.shape: unknown axes \['X'\]",
+    ),
+    (
+        lambda d: _gemm(d)["entry_point"].update(signature='extern "C" int gemm(int M);'),
+        r"gemm\.yaml.*entry_point\.signature: does not match the definition",
+    ),
+    (
+        lambda d: _gemm(d)["workloads"][0]["axes"].pop("K"),
+        r"gemm\.yaml.*workloads\[0\]\.axes: must set exactly the var axes; missing \['K'\]",
+    ),
+    (
+        lambda d: d["defaults"]["callables"].update(reference="kernels_ref.gemm:nope"),
+        r"gemm\.yaml.*callables\.reference: .*defines no top-level 'nope'",
+    ),
+    (
+        lambda d: d["defaults"].update(turns=0),
+        r"gemm\.yaml.*turns: Input should be greater than or equal to 1",
+    ),
+    (lambda d: d.update(gpus=["A100"]), r"gemm\.yaml: gpus: no target file for 'A100'"),
+    (lambda d: d.update(colour="red"), r"gemm\.yaml: unknown top-level fields \['colour'\]"),
+    (
+        lambda d: _gemm(d).update(suffix="d7"),
+        r"gemm\.yaml.*\(PTX-H100-GEMM-d7\).*id: .*names head dim 7",
+    ),
+]
+
+
+@pytest.mark.parametrize(("change", "message"), BAD_FILES)
+def test_bad_task_file_is_rejected_with_file_field_and_problem(
+    envs_copy: Path, change: Change, message: str
+) -> None:
+    _edit(envs_copy / "ops" / "gemm.yaml", change)
+    with pytest.raises(TaskFileError, match=message):
+        load_tasks(envs_copy)
+
+
+def test_bad_workload_expression_is_rejected(envs_copy: Path) -> None:
+    def change(data: dict[str, Any]) -> None:
+        data["tasks"][0]["derived_axes"]["num_kv_indices"] = "__import__('os')"
+
+    _edit(envs_copy / "ops" / "gqa.yaml", change)
+    with pytest.raises(TaskFileError, match=r"gqa\.yaml.*derived axis num_kv_indices: .*may not"):
+        load_tasks(envs_copy)
+
+
+def test_invalid_yaml_names_the_file(envs_copy: Path) -> None:
+    (envs_copy / "ops" / "gemm.yaml").write_text("family: [unclosed\n")
+    with pytest.raises(TaskFileError, match=r"gemm\.yaml: not valid YAML"):
+        load_tasks(envs_copy)
+
+
+def test_duplicate_ids_are_rejected(envs_copy: Path) -> None:
+    shutil.copy(envs_copy / "ops" / "gemm.yaml", envs_copy / "ops" / "gemm_again.yaml")
+    with pytest.raises(TaskFileError, match=r"gemm_again\.yaml: id PTX-H100-GEMM is already"):
+        load_tasks(envs_copy)
