@@ -59,7 +59,9 @@ def main() -> None:
         for task_id in entry["tasks"]:
             if incompatibility(registry()[task_id]) is None:
                 examples.append(step(evaluator, task_id, source) | {"example": entry["file"]})
+                print(f"  {task_id} {entry['file']}: {examples[-1]}", flush=True)
     results["examples"] = examples
+    save(args.out, results)
     print("## Example kernels through env.step\n")
     print("| task | example | status | latency ms | baseline ms | speedup | step s |")
     print("|---|---|---|---|---|---|---|")
@@ -77,6 +79,7 @@ def main() -> None:
     median = statistics.median(speedups)
     deviation = max(abs(s / median - 1) for s in speedups) * 100
     results["gemm_repeats"] = {"speedups": speedups, "median": median, "max_dev_pct": deviation}
+    save(args.out, results)
     print(f"\n## Naive GEMM evaluated {REPEATS} times\n")
     print("speedups: " + ", ".join(f"{s:.5f}" for s in speedups))
     print(f"median {median:.5f}; largest deviation from the median {deviation:.2f}%")
@@ -95,10 +98,15 @@ def main() -> None:
             print(f"| {task.id} | {task.callables.baseline} | - | not measured: {exc} |")
             continue
         baselines[task.id] = latencies
+        results["baselines"] = baselines
+        save(args.out, results)
         for workload, latency in latencies.items():
             print(f"| {task.id} | {task.callables.baseline} | {workload} | {latency:.4f} |")
-    results["baselines"] = baselines
-    (args.out / "gpu_evaluation.json").write_text(json.dumps(results, indent=2))
+
+
+def save(out: Path, results: dict[str, Any]) -> None:
+    """Write what is measured so far: a run cut short still leaves its numbers."""
+    (out / "gpu_evaluation.json").write_text(json.dumps(results, indent=2))
 
 
 if __name__ == "__main__":

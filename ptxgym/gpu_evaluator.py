@@ -79,9 +79,9 @@ class _JudgeHandle:
     def __init__(self, device: int, settings: JudgeSettings) -> None:
         context = multiprocessing.get_context("spawn")
         self.conn, child = context.Pipe()
-        self.process = context.Process(
-            target=judge_main, args=(child, device, settings), daemon=True
-        )
+        # Not a daemon: daemons may not have children, and the judge starts workers. It still
+        # ends with its parent: its requests channel closes, and it exits on end of file.
+        self.process = context.Process(target=judge_main, args=(child, device, settings))
         self.process.start()
         child.close()
         self.lock = threading.Lock()

@@ -16,7 +16,7 @@ import os
 import secrets
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
@@ -269,7 +269,6 @@ class Judge:
     def _run(
         self, task: Task, library: str, states: list[_WorkloadState], worker: _Worker
     ) -> Verdict:
-        torch = self.torch
         job = {
             "task": task.model_dump(mode="json"),
             "library": library,
@@ -291,6 +290,9 @@ class Judge:
         }
         by_name = {s.spec.name: s for s in states}
         checks: list[CheckReport] = []
+        # The correctness stage's outputs, to tell a racy kernel (different results on the same
+        # inputs) from a wrong one when the timed loop's output fails its check.
+        first_outputs: dict[tuple[str, str], dict[str, Any]] = {}
         timings: list[WorkloadTiming] = []
         channel.send(worker.conn, job)
         timeout = self.settings.stage_timeout_s
@@ -327,8 +329,25 @@ class Judge:
                         f"({stage_name}); inputs are read-only",
                         tuple(checks),
                     )
+                if kind == "check" and stage.name == self._rechecked_stage():
+                    first_outputs[(state.spec.name, stage.name)] = outputs
                 if not report.ok:
-                    return self._incorrect(report, tuple(checks))
+                    verdict = self._incorrect(report, tuple(checks))
+                    earlier = first_outputs.get((state.spec.name, stage.name))
+                    if kind == "timing" and earlier is not None:
+                        differing = sum(
+                            int((outputs[n] != earlier[n]).sum().item())
+                            for n in outputs
+                            if n in earlier and outputs[n].shape == earlier[n].shape
+                        )
+                        verdict = replace(
+                            verdict,
+                            message=f"{verdict.message}; the same inputs gave a correct result "
+                            f"in the correctness stage and {differing} different elements in "
+                            "the timed loop: the result changes from call to call (a race, "
+                            "uninitialised memory, or state kept between calls)",
+                        )
+                    return verdict
                 if kind == "timing":
                     timings.append(
                         WorkloadTiming(
@@ -341,7 +360,6 @@ class Judge:
                         )
                     )
                 del outputs
-                torch.cuda.empty_cache()
                 channel.send(worker.conn, {"kind": "continue"})
         except _Timeout:
             return Verdict(
@@ -364,6 +382,11 @@ class Judge:
                 f"the process running the kernel {how} during {stage_name}{detail}",
                 tuple(checks),
             )
+
+    def _rechecked_stage(self) -> str:
+        """The trial whose input set the timed loop's last call uses (the worker sends it)."""
+        calls = self.settings.warmup + self.settings.iters * self.settings.trials
+        return f"trial{(calls - 1) % TRIALS}"
 
     def _passed(self, checks: list[CheckReport], timings: list[WorkloadTiming]) -> Verdict:
         latency = sum(t.latency_ms for t in timings)

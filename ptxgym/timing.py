@@ -163,6 +163,8 @@ class Timer:
         index = 0
         for _ in range(warmup):
             prepare(index)
+            # The call may run on a stream of its own: order it after the preparation.
+            torch.cuda.synchronize()
             call(index)
             index += 1
         torch.cuda.synchronize()

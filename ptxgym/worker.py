@@ -202,6 +202,10 @@ def _time_workload(
     stages = [s for s in workload["checks"] if not s["outliers"]]
     sets = [make_inputs(task, workload, s["seed"], False) for s in stages]
     outputs = [allocate_outputs(task, axes) for _ in sets]
+    # The inputs were made on the default stream and the candidate runs on its own stream: wait,
+    # or its first calls could race the generator (and write into memory the allocator is still
+    # handing over from the generator's temporaries, corrupting an input set).
+    torch.cuda.synchronize()
     codes: list[int] = []
 
     def prepare(i: int) -> None:

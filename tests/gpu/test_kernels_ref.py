@@ -9,13 +9,17 @@ from __future__ import annotations
 import importlib.util
 import itertools
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING
 
 import pytest
 
 pytestmark = pytest.mark.gpu
 
-torch = pytest.importorskip("torch")
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = pytest.importorskip("torch")
 if not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU", allow_module_level=True)
 
@@ -288,7 +292,7 @@ def test_gqa_baselines_explain_missing_flashinfer(monkeypatch: pytest.MonkeyPatc
 # Generators: determinism, outliers, index validity
 # --------------------------------------------------------------------------------------------
 
-GENERATORS = {
+GENERATORS: dict[str, Callable[[int, bool], dict[str, torch.Tensor]]] = {
     "gemm": lambda seed, outliers: gemm.make_inputs(
         {"M": 96, "N": 80, "K": 64}, seed=seed, device=DEV, outliers=outliers
     ),
