@@ -45,6 +45,9 @@ def step(evaluator: LocalGPUEvaluator, task_id: str, source: str) -> dict[str, A
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", type=Path, default=Path("benchmarks/out"))
+    parser.add_argument(
+        "--only-baselines", metavar="PATTERN", help="measure only baselines of ids with PATTERN"
+    )
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     evaluator = LocalGPUEvaluator()
@@ -52,6 +55,9 @@ def main() -> None:
     results["device"] = evaluator.device_info()
     print(f"# GPU evaluation, {results['date']}, {results['device']['name']}\n")
 
+    if args.only_baselines is not None:
+        baseline_table(evaluator, results, args.out, args.only_baselines)
+        return
     manifest = yaml.safe_load((paths.examples_dir() / "manifest.yaml").read_text())
     examples = []
     for entry in manifest["examples"]:
@@ -84,12 +90,18 @@ def main() -> None:
     print("speedups: " + ", ".join(f"{s:.5f}" for s in speedups))
     print(f"median {median:.5f}; largest deviation from the median {deviation:.2f}%")
 
+    baseline_table(evaluator, results, args.out, "")
+
+
+def baseline_table(
+    evaluator: LocalGPUEvaluator, results: dict[str, Any], out: Path, pattern: str
+) -> None:
     print("\n## Baseline latency per H100 task and workload\n")
     print("| task | baseline | workload | latency ms |")
     print("|---|---|---|---|")
     baselines: dict[str, Any] = {}
     for task in registry().values():
-        if task.gpu != "H100":
+        if task.gpu != "H100" or pattern not in task.id:
             continue
         try:
             latencies = evaluator.baseline(task)
@@ -99,9 +111,12 @@ def main() -> None:
             continue
         baselines[task.id] = latencies
         results["baselines"] = baselines
-        save(args.out, results)
+        save(out, results)
         for workload, latency in latencies.items():
-            print(f"| {task.id} | {task.callables.baseline} | {workload} | {latency:.4f} |")
+            print(
+                f"| {task.id} | {task.callables.baseline} | {workload} | {latency:.4f} |",
+                flush=True,
+            )
 
 
 def save(out: Path, results: dict[str, Any]) -> None:

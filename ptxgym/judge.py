@@ -28,7 +28,7 @@ from ptxgym.tasks import Task, WorkloadSpec
 from ptxgym.timing import TIMED_CALLS, TRIALS, WARMUP_CALLS, Timer, WorkloadTiming
 from ptxgym.worker import make_inputs, resolve_callable, worker_main
 
-_PROTOCOL = f"warmup{WARMUP_CALLS}-iters{TIMED_CALLS}-trials{TRIALS}-v1"
+_TIMING_VERSION = 2  # bump when the timing protocol changes, to invalidate cached baselines
 _LOG_TAIL_CHARS = 2000
 
 
@@ -214,8 +214,7 @@ class Judge:
         return _WorkloadState(workload, stages, baseline_ms, method)
 
     def _baseline_key(self, task: Task, workload: WorkloadSpec) -> str:
-        info = self.device_info
-        libraries = {"torch": info["torch"], "cuda": info["cuda"], "cudnn": info["cudnn"]}
+        libraries = {}
         if "flashinfer" in task.callables.baseline:
             try:
                 import flashinfer
@@ -223,19 +222,7 @@ class Judge:
                 libraries["flashinfer"] = flashinfer.__version__
             except ImportError:
                 pass
-        return json.dumps(
-            [
-                info["name"],
-                info["driver"],
-                libraries,
-                task.callables.baseline,
-                task.callables.params,
-                workload.model_dump(),
-                _PROTOCOL,
-                info["timing_method"],
-            ],
-            sort_keys=True,
-        )
+        return baseline_key(self.device_info, libraries, task, workload, self.settings)
 
     def baseline_ms(self, task: Task) -> dict[str, float]:
         return {w.name: self.workload_state(task, w).baseline_ms for w in task.workloads}
@@ -414,6 +401,38 @@ class Judge:
         for log in self.folder.glob("*"):
             log.unlink(missing_ok=True)
         os.rmdir(self.folder)
+
+
+def baseline_key(
+    device: dict[str, Any],
+    libraries: dict[str, str],
+    task: Task,
+    workload: WorkloadSpec,
+    settings: JudgeSettings,
+) -> str:
+    """What a cached baseline latency depends on: GPU, driver, libraries, problem, protocol."""
+    return json.dumps(
+        [
+            device["name"],
+            device["driver"],
+            {"torch": device["torch"], "cuda": device["cuda"], "cudnn": device["cudnn"]},
+            libraries,
+            task.callables.baseline,
+            task.callables.params,
+            # Every axis, const ones included: the head dim is a const axis, not part of the
+            # workload, and d64/d96/d128 must not share a cached baseline.
+            task.axis_values(workload),
+            workload.sequences,
+            {
+                "warmup": settings.warmup,
+                "iters": settings.iters,
+                "trials": settings.trials,
+                "version": _TIMING_VERSION,
+            },
+            device["timing_method"],
+        ],
+        sort_keys=True,
+    )
 
 
 def _driver_version() -> str:
