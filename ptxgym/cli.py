@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
-import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -205,14 +203,6 @@ def _baseline(args: argparse.Namespace) -> int:
     return 0
 
 
-def gpu_available() -> bool:
-    """An NVIDIA GPU answers ``nvidia-smi -L``."""
-    if not shutil.which("nvidia-smi"):
-        return False
-    result = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, check=False)
-    return result.returncode == 0 and "GPU" in result.stdout
-
-
 def _demo(args: argparse.Namespace) -> int:
     import warnings
 
@@ -220,8 +210,10 @@ def _demo(args: argparse.Namespace) -> int:
 
     manifest = paths.examples_dir() / "manifest.yaml"
     entries = yaml.safe_load(manifest.read_text(encoding="utf-8"))["examples"]
+    from ptxgym.gpu_evaluator import visible_gpus
+
     print("ptxgym demo: the example kernels through the real pipeline (env.step)")
-    if gpu_available():
+    if visible_gpus():
         print(
             "An NVIDIA GPU is present: tasks of its architecture are checked, built, run, "
             "verified and timed against the library; other tasks are built and inspected."

@@ -3,23 +3,17 @@
 from __future__ import annotations
 
 import shutil
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-
-def _gpu_present() -> bool:
-    if not shutil.which("nvidia-smi"):
-        return False
-    result = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, check=False)
-    return result.returncode == 0 and "GPU" in result.stdout
+from ptxgym.gpu_evaluator import visible_gpus
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     skips = {}
-    if not _gpu_present():
+    if not visible_gpus():
         skips["gpu"] = "needs an NVIDIA GPU (run `pytest -m gpu` on a GPU host)"
     if shutil.which("nvcc") is None:
         skips["nvcc"] = "needs nvcc (the CUDA toolkit)"

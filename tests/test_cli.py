@@ -76,3 +76,22 @@ def test_compile_of_non_utf8_file_is_a_format_error(tmp_path: Path) -> None:
 def test_compile_of_missing_file_is_a_clear_error() -> None:
     result = run("compile", "PTX-H100-GEMM", "/nonexistent/kernel.cu")
     assert result.returncode == 2 and "no such file" in result.stderr
+
+
+def test_eval_without_a_matching_gpu_says_so(tmp_path: Path) -> None:
+    from ptxgym.gpu_evaluator import visible_gpus
+
+    if visible_gpus():
+        pytest.skip("this machine has a GPU")
+    result = run("eval", "PTX-H100-GEMM", str(NAIVE_GEMM))
+    assert result.returncode == 2
+    assert "needs any sm_90 GPU" in result.stderr and "no NVIDIA GPU is visible" in result.stderr
+
+
+def test_baseline_without_a_gpu_says_so() -> None:
+    from ptxgym.gpu_evaluator import visible_gpus
+
+    if visible_gpus():
+        pytest.skip("this machine has a GPU")
+    result = run("baseline", "PTX-B200-GQADecode")
+    assert result.returncode == 2 and "needs any sm_100 GPU" in result.stderr
