@@ -50,21 +50,15 @@ def _parser() -> argparse.ArgumentParser:
     prompt.add_argument("--knowledge", choices=KNOWLEDGE_LEVELS, default="full")
     prompt.set_defaults(handler=_prompt)
 
-    compile_ = commands.add_parser(
-        "compile", help="check and build a candidate for a task (no GPU needed)"
-    )
-    compile_.add_argument("task_id", metavar="ID")
-    compile_.add_argument("file", metavar="FILE", type=Path, help="CUDA source or model reply")
-    compile_.add_argument("--json", action="store_true", help="print the outcome as JSON")
-    compile_.set_defaults(handler=_compile)
-
-    evaluate = commands.add_parser(
-        "eval", help="check, build, run and time a candidate on the local GPU"
-    )
-    evaluate.add_argument("task_id", metavar="ID")
-    evaluate.add_argument("file", metavar="FILE", type=Path, help="CUDA source or model reply")
-    evaluate.add_argument("--json", action="store_true", help="print the outcome as JSON")
-    evaluate.set_defaults(handler=_eval)
+    for name, help_text, handler in (
+        ("compile", "check and build a candidate for a task (no GPU needed)", _compile),
+        ("eval", "check, build, run and time a candidate on the local GPU", _eval),
+    ):
+        command = commands.add_parser(name, help=help_text)
+        command.add_argument("task_id", metavar="ID")
+        command.add_argument("file", metavar="FILE", type=Path, help="CUDA source or model reply")
+        command.add_argument("--json", action="store_true", help="print the outcome as JSON")
+        command.set_defaults(handler=handler)
 
     baseline = commands.add_parser(
         "baseline", help="the library baseline's latency per workload on the local GPU"
@@ -131,15 +125,7 @@ def _read_action(path: Path) -> str | None:
 
 
 def _compile(args: argparse.Namespace) -> int:
-    task = get_task(args.task_id)
-    if not args.file.is_file():
-        raise FileNotFoundError(f"{args.file}: no such file")
-    outcome = compile_file(task, args.file)
-    if args.json:
-        print(json.dumps(outcome.to_dict(), indent=2))
-    else:
-        print(render_feedback(outcome, task))
-    return 0 if outcome.status is Status.COMPILED else 1
+    return _report_candidate(args, CompileOnlyEvaluator(), success=Status.COMPILED)
 
 
 def evaluate_file(task: Task, path: Path, evaluator: Evaluator) -> Outcome:
@@ -160,19 +146,24 @@ def compile_file(task: Task, path: Path) -> Outcome:
 def _eval(args: argparse.Namespace) -> int:
     from ptxgym.gpu_evaluator import EvaluatorError, LocalGPUEvaluator
 
-    task = get_task(args.task_id)
-    if not args.file.is_file():
-        raise FileNotFoundError(f"{args.file}: no such file")
     try:
-        outcome = evaluate_file(task, args.file, LocalGPUEvaluator())
+        return _report_candidate(args, LocalGPUEvaluator(), success=Status.PASSED)
     except EvaluatorError as exc:
         print(f"ptxgym: error: {exc}", file=sys.stderr)
         return 2
+
+
+def _report_candidate(args: argparse.Namespace, evaluator: Evaluator, success: Status) -> int:
+    """Evaluate FILE for ID and print the feedback (or JSON); exit 0 on ``success``."""
+    task = get_task(args.task_id)
+    if not args.file.is_file():
+        raise FileNotFoundError(f"{args.file}: no such file")
+    outcome = evaluate_file(task, args.file, evaluator)
     if args.json:
         print(json.dumps(outcome.to_dict(), indent=2))
     else:
         print(render_feedback(outcome, task))
-    return 0 if outcome.status is Status.PASSED else 1
+    return 0 if outcome.status is success else 1
 
 
 def _baseline(args: argparse.Namespace) -> int:

@@ -257,6 +257,17 @@ def _normalise(signature: str) -> str:
     return re.sub(r"\s+", " ", re.sub(r"\s*([(),*;])\s*", r"\1", signature)).strip()
 
 
+def locate_module(module_name: str) -> Path:
+    """The source file of a Python module, found without importing it."""
+    try:
+        spec = importlib.util.find_spec(module_name)
+    except (ImportError, ValueError):
+        spec = None
+    if spec is None or spec.origin is None or not spec.origin.endswith(".py"):
+        raise ValueError(f"module {module_name!r} was not found")
+    return Path(spec.origin)
+
+
 def check_callable_exists(reference: str) -> None:
     """Check that ``module:function`` names a function defined in an importable module.
 
@@ -267,12 +278,10 @@ def check_callable_exists(reference: str) -> None:
         raise ValueError(f"{reference!r} is not of the form 'package.module:function'")
     module_name, function = reference.split(":")
     try:
-        spec = importlib.util.find_spec(module_name)
-    except (ImportError, ValueError):
-        spec = None
-    if spec is None or spec.origin is None or not spec.origin.endswith(".py"):
-        raise ValueError(f"{reference!r}: module {module_name!r} was not found")
-    tree = ast.parse(Path(spec.origin).read_text(encoding="utf-8"), filename=spec.origin)
+        path = locate_module(module_name)
+    except ValueError as exc:
+        raise ValueError(f"{reference!r}: {exc}") from None
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
     defined = {
         node.name for node in tree.body if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
     }

@@ -18,7 +18,6 @@ Conversions (documented in ``docs/trace.md``): :func:`definition_from_task`,
 from __future__ import annotations
 
 import ast
-import importlib.util
 import keyword
 import math
 import re
@@ -653,12 +652,9 @@ def _string_constant(node: ast.stmt) -> str | None:
 def _module_path(module_name: str) -> Path:
     # Located, never imported: the reference modules need torch.
     try:
-        spec = importlib.util.find_spec(module_name)
-    except (ImportError, ValueError):
-        spec = None
-    if spec is None or spec.origin is None or not spec.origin.endswith(".py"):
-        raise TraceExportError(f"reference module {module_name!r} was not found")
-    return Path(spec.origin)
+        return _tasks.locate_module(module_name)
+    except ValueError as exc:
+        raise TraceExportError(f"reference {exc}") from None
 
 
 def _is_inlined(module: str | None, level: int) -> bool:
