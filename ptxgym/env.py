@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from typing import Any, SupportsFloat
 
 import gymnasium as gym
@@ -200,6 +201,24 @@ class PTXKernelEnv(gym.Env[str, str]):
         if self.render_mode == "human":
             self.render()
         return self._observation, reward.total, False, truncated, info
+
+    def resume(self, history: Sequence[tuple[str | None, str]]) -> str:
+        """Restore an episode from recorded turns, without evaluating them again.
+
+        ``history`` holds each finished turn's extracted source (``None`` when there was none)
+        and its feedback text, in order. Call right after ``reset``. Returns the observation the
+        agent saw after the last of those turns, so an interrupted run can go on where it was.
+        """
+        if self._turn != 0:
+            raise RuntimeError("resume() must follow reset()")
+        if len(history) > self.turns:
+            raise ValueError(f"{len(history)} recorded turns, but the episode has {self.turns}")
+        for source, feedback in history:
+            self._turn += 1
+            shown = source if self.history == "full" else None
+            self._records.append(render_turn(self._turn, shown, feedback))
+        self._observation = self._compose_observation()
+        return self._observation
 
     def _compose_observation(self) -> str:
         closing = [] if self._turn >= self.turns else [_CLOSING]

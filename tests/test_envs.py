@@ -139,3 +139,15 @@ def test_render_modes() -> None:
     env.reset()
     env.step("no code")
     assert "FORMAT_ERROR" in (env.render() or "")
+
+
+def test_resume_restores_the_observation_without_evaluating() -> None:
+    live = PTXKernelEnv("PTX-H100-GEMM", turns=3)
+    live.reset()
+    first = live.step("no code here")[4]
+    observation, *_, second = live.step("still none")
+    restored = PTXKernelEnv("PTX-H100-GEMM", turns=3)
+    restored.reset()
+    history = [(first["source"], first["feedback"]), (second["source"], second["feedback"])]
+    assert restored.resume(history) == observation
+    assert restored.step("third")[4]["turn"] == 3
