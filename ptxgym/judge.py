@@ -242,16 +242,9 @@ class Judge:
             # Started after the timing, not during it, so its start-up cannot disturb the
             # measurement; it overlaps the caller's next generation and compile instead.
             self._start_spare()
-        if verdict.status is Status.RUNTIME_ERROR and log:
-            verdict = Verdict(verdict.status, verdict.message, verdict.checks, verdict.timings, log)
-        return Verdict(
-            verdict.status,
-            verdict.message,
-            verdict.checks,
-            verdict.timings,
-            verdict.worker_log,
-            time.perf_counter() - started,
-        )
+        # A crash's own words (a Python traceback, a CUDA error) help the next attempt.
+        worker_log = log if verdict.status is Status.RUNTIME_ERROR else ""
+        return replace(verdict, worker_log=worker_log, seconds=time.perf_counter() - started)
 
     def _run(
         self, task: Task, library: str, states: list[_WorkloadState], worker: _Worker

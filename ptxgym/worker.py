@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from ptxgym import channel
 from ptxgym.tasks import Task
+from ptxgym.timing import Timer
 
 if TYPE_CHECKING:
     import torch
@@ -119,8 +120,6 @@ def worker_main(conn: Connection, device: int, log_path: str) -> None:
     faulthandler.enable()
     import torch
 
-    from ptxgym.timing import Timer
-
     torch.cuda.set_device(device)
     torch.zeros(1, device="cuda")
     timer = Timer()
@@ -140,7 +139,7 @@ def _first_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[0] if text else ''}"
 
 
-def _serve(conn: Connection, job: dict[str, Any], timer: Any) -> None:
+def _serve(conn: Connection, job: dict[str, Any], timer: Timer) -> None:
     import torch
 
     task = Task.model_validate(job["task"])
@@ -193,7 +192,7 @@ def _time_workload(
     entry: Entry,
     workload: dict[str, Any],
     job: dict[str, Any],
-    timer: Any,
+    timer: Timer,
     stream: Any,
 ) -> None:
     import torch
