@@ -6,7 +6,8 @@ it and asserts the entry point's exact C signature. Nothing else is on the inclu
 static policy (``ptxgym.policy``) has already refused includes by path; before the real build the
 host-side preprocessed source is also scanned for assembler ``.incbin``/``.include``, which macros
 could otherwise assemble. The compiler log is trimmed to what helps the next attempt and never
-echoes a line of a file outside the submission.
+echoes a line of a file outside the submission. A successful build also carries the static
+inventory of its SASS (``ptxgym.sass``).
 
 Results (success or failure) are cached under ``<cache>/builds/<hash>``: a build folder is
 created under ``<cache>/tmp`` and renamed into place, so concurrent compiles of the same source
@@ -31,11 +32,12 @@ from pathlib import Path
 
 from ptxgym import paths
 from ptxgym.policy import pack_header_name
+from ptxgym.sass import SassInventory, demangle, inventory
 from ptxgym.tasks import Task, c_parameter_types
 
 DEFAULT_TIMEOUT_S = 180.0
 MAX_CACHED_BUILDS = 4000
-_RECIPE_VERSION = "1"  # bump when the build recipe changes, to invalidate cached results
+_RECIPE_VERSION = "2"  # bump when the build recipe changes, to invalidate cached results
 _MEMORY_LIMIT_BYTES = 8 << 30  # per compiler process: stops template/constexpr bombs
 _FILE_SIZE_LIMIT_BYTES = 512 << 20
 _MAX_LOG_CHARS = 6000
@@ -80,6 +82,7 @@ class CompileResult:
     kernels: tuple[KernelResources, ...] = ()
     library: str | None = None
     command: tuple[str, ...] = field(default=(), repr=False)
+    sass: SassInventory | None = field(default=None, repr=False)
 
 
 @cache
@@ -211,6 +214,8 @@ def _load_cached(folder: Path) -> CompileResult | None:
     data["kernels"] = tuple(KernelResources(**k) for k in data["kernels"])
     data["warnings"] = tuple(data["warnings"])
     data["command"] = tuple(data["command"])
+    if data["sass"] is not None:
+        data["sass"] = SassInventory.from_dict(data["sass"])
     return _with_library_path(CompileResult(**{**data, "cached": True}), folder)
 
 
@@ -278,7 +283,8 @@ def _build(source: str, task: Task, key: str, work: Path, timeout_s: float) -> C
             f'extern "C" and not static or inline',
             warnings=warnings,
         )
-    return result(True, log, warnings=warnings, kernels=kernels)
+    sass = inventory(work / LIBRARY_FILE, task)
+    return result(True, log, warnings=warnings, kernels=kernels, sass=sass)
 
 
 def _run(command: list[str], cwd: Path, timeout_s: float) -> tuple[int, str, bool]:
@@ -374,7 +380,7 @@ def _parse_resources(output: str) -> tuple[KernelResources, ...]:
                 int(match.group(2) or 0),
                 int(smem.group(1)) if smem else 0,
             )
-    names = _demangle(entries)
+    names = demangle(entries)
     kernels = []
     for mangled in entries:
         registers, barriers, shared = usage.get(mangled, (0, 0, 0))
@@ -385,18 +391,6 @@ def _parse_resources(output: str) -> tuple[KernelResources, ...]:
             )
         )
     return tuple(kernels)
-
-
-def _demangle(names: list[str]) -> dict[str, str]:
-    if not names or not shutil.which("c++filt"):
-        return {n: n for n in names}
-    out = subprocess.run(
-        ["c++filt"], input="\n".join(names), capture_output=True, text=True, check=False
-    )
-    demangled = out.stdout.splitlines()
-    if out.returncode != 0 or len(demangled) != len(names):
-        return {n: n for n in names}
-    return dict(zip(names, demangled, strict=True))
 
 
 def _exported_symbols(library: Path) -> set[str]:

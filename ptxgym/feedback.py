@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from collections import Counter
+
 from ptxgym.compiler import CompileResult
 from ptxgym.correctness import CheckReport
 from ptxgym.outcome import Outcome, Status
+from ptxgym.sass import SassInventory, matching_count
 from ptxgym.tasks import Task
 
 _NEXT_STEP = {
@@ -32,7 +35,7 @@ def render_feedback(outcome: Outcome, task: Task) -> str:
     if build is not None and build.log and not build.ok:
         lines += ["", "Compiler output:", "```text", build.log, "```"]
     if build is not None and build.ok:
-        lines += _resources(build)
+        lines += _resources(build, task)
     if outcome.checks and not outcome.checks[-1].ok:
         lines += _mismatches(outcome.checks[-1])
     if outcome.worker_log:
@@ -83,7 +86,7 @@ def _mismatches(report: CheckReport) -> list[str]:
     return lines
 
 
-def _resources(build: CompileResult) -> list[str]:
+def _resources(build: CompileResult, task: Task) -> list[str]:
     cached = " (cached build)" if build.cached else ""
     lines = ["", f"Build: {build.arch}, {build.seconds:.1f} s{cached}."]
     if build.kernels:
@@ -95,10 +98,37 @@ def _resources(build: CompileResult) -> list[str]:
                 f"{kernel.stack_bytes} B stack, {spills} B spilled"
                 + (" (spills cost local-memory traffic)" if spills else "")
             )
+        if build.sass is not None:
+            lines += _sass(build.sass, task)
     else:
         lines.append("No __global__ kernel was compiled: the entry point must launch one.")
     if build.warnings:
         lines += ["Warnings:", *(f"- {w}" for w in build.warnings[:6])]
+    return lines
+
+
+def _sass(inventory: SassInventory, task: Task) -> list[str]:
+    """One line per target family: compiled into the SASS or not, and where."""
+    if inventory.error is not None:
+        return [f"In SASS: not inspected ({inventory.error})."]
+    totals: Counter[str] = Counter()
+    for kernel in inventory.kernels:
+        totals.update(kernel.opcodes)
+    lines = ["In SASS (static; presence alone does not qualify: the profile counts what executes):"]
+    for key, family in task.target.instruction_families.items():
+        label = f"{family.name} ({' and '.join('/'.join(g) for g in family.all_of)})"
+        if inventory.families_present.get(key):
+            patterns = [pattern for group in family.all_of for pattern in group]
+            counts = [(k.name, matching_count(k.opcodes, patterns)) for k in inventory.kernels]
+            where = ", ".join(
+                f"{name} ({n} static instruction{'s' if n != 1 else ''})" for name, n in counts if n
+            )
+            lines.append(f"- {label}: present in {where}")
+            continue
+        missing = ["/".join(g) for g in family.all_of if not matching_count(totals, g)]
+        # A partly compiled family (e.g. tcgen05.mma without tcgen05.ld) names what is missing.
+        partial = len(missing) < len(family.all_of)
+        lines.append(f"- {label}: absent" + (f" (no {' or '.join(missing)})" if partial else ""))
     return lines
 
 

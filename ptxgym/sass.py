@@ -1,0 +1,203 @@
+"""The static SASS inventory of a built library: opcodes per kernel, target families present.
+
+``cuobjdump --dump-sass`` disassembles the cubin embedded in the shared library (the library is
+read as a file, never loaded). Its listing has, per embedded ELF, an ``arch = sm_90a`` header and
+then, per function, a ``Function : <mangled name>`` line followed by one line per instruction::
+
+    /*03c0*/                   HGMMA.64x64x16.F32.BF16 R24, gdesc[UR4], RZ, !UPT, gsb0 ;  /* 0x.. */
+                                                                                  /* 0x.. */
+    /*03d0*/              @!P0 S2R R3, SR_CgaCtaId ;                                      /* 0x.. */
+
+(the second ``/* 0x.. */`` line is the rest of the 128-bit encoding). The mnemonic is the opcode
+up to the first '.', after any predicate guard.
+
+The builds are whole-program (no ``-rdc``), so every listed function is a ``__global__`` kernel:
+``__noinline__`` device functions are placed inside the section of the kernel that calls them.
+
+Static presence says what was compiled in, not what runs: it never qualifies a kernel (the runtime
+profile decides); it lets feedback say "wgmma present in SASS but never executed".
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import re
+import shutil
+import subprocess
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from fnmatch import fnmatchcase
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from ptxgym.tasks import InstructionFamily, Task
+
+TIMEOUT_S = 60.0
+_MAX_ERROR_CHARS = 300
+
+_ARCH_RE = re.compile(r"^arch = (\S+)")
+_FUNCTION_RE = re.compile(r"^\s*Function : (\S+)")
+# The address field, an optional predicate guard (@P0, @!UP0, @PT), then the mnemonic; the
+# encoding-only continuation lines ("/* 0x... */") have no address field and never match.
+_INSTRUCTION_RE = re.compile(r"^\s*/\*[0-9a-f]+\*/\s+(?:@!?\w+\s+)?([A-Z][A-Z0-9_]*)")
+
+
+@dataclass(frozen=True)
+class KernelSass:
+    """The static instruction count of each SASS opcode mnemonic in one kernel."""
+
+    name: str
+    opcodes: dict[str, int]
+
+
+@dataclass(frozen=True)
+class SassInventory:
+    """What the library's SASS for the task's architecture holds; ``error`` when not inspected."""
+
+    tool: str
+    kernels: tuple[KernelSass, ...]
+    families_present: dict[str, bool]
+    error: str | None = None
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> SassInventory:
+        """Rebuild an inventory from its ``dataclasses.asdict`` form (a cached build's JSON)."""
+        kernels = tuple(KernelSass(**kernel) for kernel in data["kernels"])
+        return cls(**{**data, "kernels": kernels})
+
+
+def inventory(library: Path, task: Task) -> SassInventory:
+    """The SASS inventory of ``library`` for ``task``'s target; never raises."""
+    tool = find_cuobjdump()
+    if tool is None:
+        return SassInventory(
+            "cuobjdump",
+            (),
+            {},
+            "cuobjdump was not found (install the CUDA toolkit or nvidia-cuda-cuobjdump)",
+        )
+    described = f"{tool} ({_version(tool)})"
+    # cuobjdump delegates disassembly to nvdisasm, which it looks for beside itself and on PATH.
+    search = [os.environ.get("PATH", "/usr/bin:/bin")]
+    if nvdisasm := _wheel_binary("nvidia-cuda-nvdisasm", "nvdisasm"):
+        search.append(str(nvdisasm.parent))
+    try:
+        out = subprocess.run(
+            [str(tool), "--dump-sass", str(library)],
+            capture_output=True,
+            text=True,
+            errors="replace",
+            timeout=TIMEOUT_S,
+            check=False,
+            env={"PATH": os.pathsep.join(search), "LANG": "C", "LC_ALL": "C"},
+            stdin=subprocess.DEVNULL,
+        )
+    except subprocess.TimeoutExpired:
+        return SassInventory(described, (), {}, f"cuobjdump timed out after {TIMEOUT_S:.0f} s")
+    except OSError as exc:
+        return SassInventory(described, (), {}, f"cuobjdump could not run: {exc.strerror}")
+    if out.returncode != 0:
+        lines = [line for line in (out.stderr or out.stdout).splitlines() if line.strip()]
+        detail = lines[-1].replace(str(library), library.name) if lines else "no output"
+        message = f"cuobjdump failed with exit code {out.returncode}: {detail}"
+        return SassInventory(described, (), {}, message[:_MAX_ERROR_CHARS])
+    kernels = parse_sass(out.stdout, task.target.arch)
+    totals: Counter[str] = Counter()
+    for kernel in kernels:
+        totals.update(kernel.opcodes)
+    present: dict[str, bool] = {
+        key: family_present(totals, family)
+        for key, family in task.target.instruction_families.items()
+    }
+    return SassInventory(described, kernels, present)
+
+
+def parse_sass(listing: str, arch: str) -> tuple[KernelSass, ...]:
+    """Opcode counts per function of a ``cuobjdump --dump-sass`` listing, for ``arch`` only."""
+    functions: list[tuple[str, Counter[str]]] = []
+    current: Counter[str] | None = None
+    in_arch = False
+    for line in listing.splitlines():
+        if match := _ARCH_RE.match(line):
+            in_arch = match.group(1) == arch
+            current = None
+        elif match := _FUNCTION_RE.match(line):
+            current = Counter()
+            if in_arch:
+                functions.append((match.group(1), current))
+        elif current is not None and (match := _INSTRUCTION_RE.match(line)):
+            current[match.group(1)] += 1
+    names = demangle([name for name, _ in functions])
+    return tuple(
+        KernelSass(names[name], dict(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))))
+        for name, counts in functions
+    )
+
+
+def matching_count(opcodes: Mapping[str, int], patterns: Iterable[str]) -> int:
+    """How many instructions have an opcode that matches one of the ``fnmatch`` patterns."""
+    patterns = tuple(patterns)
+    return sum(
+        count
+        for opcode, count in opcodes.items()
+        if any(fnmatchcase(opcode, pattern) for pattern in patterns)
+    )
+
+
+def family_present(opcodes: Mapping[str, int], family: InstructionFamily) -> bool:
+    """Every group of the family has an opcode present."""
+    return all(matching_count(opcodes, group) > 0 for group in family.all_of)
+
+
+def find_cuobjdump() -> Path | None:
+    """cuobjdump on PATH, in ``$CUDA_HOME/bin``, or from the nvidia-cuda-cuobjdump wheel."""
+    cuda_home = Path(os.environ.get("CUDA_HOME", "/usr/local/cuda"))
+    found = shutil.which("cuobjdump") or shutil.which(str(cuda_home / "bin" / "cuobjdump"))
+    return Path(found) if found else _wheel_binary("nvidia-cuda-cuobjdump", "cuobjdump")
+
+
+def _wheel_binary(distribution: str, name: str) -> Path | None:
+    """An executable that an installed NVIDIA wheel ships under some ``bin/`` folder.
+
+    The folder differs between releases (``nvidia/cuda_cuobjdump/bin``, ``nvidia/cu13/bin``), so
+    it is read from the wheel's file list rather than assumed.
+    """
+    try:
+        files = importlib.metadata.files(distribution) or []
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    for file in files:
+        if file.name == name and file.parent.name == "bin":
+            path = Path(str(file.locate()))
+            if os.access(path, os.X_OK):
+                return path
+    return None
+
+
+@cache
+def _version(tool: Path) -> str:
+    """cuobjdump's version, e.g. ``V13.5.37``, recorded with each inventory."""
+    try:
+        out = subprocess.run(
+            [str(tool), "--version"], capture_output=True, text=True, timeout=30, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return "version unknown"
+    found = re.search(r"\bV\d+(?:\.\d+)+", out.stdout)
+    return found.group() if found else "version unknown"
+
+
+def demangle(names: list[str]) -> dict[str, str]:
+    """C++ symbol names as written in source (with c++filt), or unchanged where that fails."""
+    if not names or not shutil.which("c++filt"):
+        return {n: n for n in names}
+    out = subprocess.run(
+        ["c++filt"], input="\n".join(names), capture_output=True, text=True, check=False
+    )
+    demangled = out.stdout.splitlines()
+    if out.returncode != 0 or len(demangled) != len(names):
+        return {n: n for n in names}
+    return dict(zip(names, demangled, strict=True))
