@@ -1,0 +1,545 @@
+"""FastP and TrajectoryRecorder over the env, and the exports built from trajectory records.
+
+Most tests drive the real env with a scripted evaluator that returns crafted outcomes (no GPU,
+no nvcc); the ``nvcc`` tests take real compile-only steps.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import pytest
+
+from ptxgym import __version__, paths, trace, wrappers
+from ptxgym.compiler import CompilerUnavailable
+from ptxgym.correctness import CheckReport, OutputCheck
+from ptxgym.env import PTXKernelEnv
+from ptxgym.gpu_evaluator import GPUInfo
+from ptxgym.metrics import Turn, summarize
+from ptxgym.outcome import Outcome, Status
+from ptxgym.records import TurnRecord, read_records
+from ptxgym.tasks import Task, get_task
+from ptxgym.timing import WorkloadTiming
+from ptxgym.wrappers import (
+    FastP,
+    TrajectoryRecorder,
+    export_flashinfer,
+    repair_pairs,
+    summarize_wrappers,
+    write_repair_dataset,
+)
+
+# The turns of tests/test_metrics.py, whose metrics are computed by hand there.
+WRONG = Turn(False, None, None)
+PLAIN = Turn(True, False, 1.5)
+UNKNOWN = Turn(True, None, 3.0)
+QUALIFIED_SLOW = Turn(True, True, 0.5)
+QUALIFIED_FAST = Turn(True, True, 2.0)
+A = [WRONG, PLAIN, QUALIFIED_SLOW, QUALIFIED_FAST]
+B = [UNKNOWN, WRONG, WRONG, QUALIFIED_SLOW]
+
+GEMM = "PTX-H100-GEMM"
+DECODE = "PTX-H100-GQADecode"
+
+
+class ScriptedEvaluator:
+    """Returns the outcome of each scripted turn in order, whatever the source."""
+
+    name = "scripted"
+
+    def __init__(self, script: Sequence[Turn]) -> None:
+        self.script = list(script)
+        self.calls = 0
+
+    def evaluate(self, task: Task, source: str) -> Outcome:
+        turn = self.script[self.calls]
+        self.calls += 1
+        if not turn.correct:
+            return Outcome(task.id, Status.INCORRECT_NUMERICAL, "C: 3 elements wrong", self.name)
+        return Outcome(
+            task.id,
+            Status.PASSED,
+            "correct",
+            self.name,
+            latency_ms=1.0,
+            baseline_latency_ms=turn.speedup,
+            speedup=turn.speedup,
+            qualified=turn.qualified,
+        )
+
+    def close(self) -> None:
+        """Nothing to release."""
+
+
+def kernel(n: int) -> str:
+    return f'extern "C" int gemm() {{ return {n}; }}\n'
+
+
+def make_env(script: Sequence[Turn], *, turns: int = 4, **kwargs: Any) -> PTXKernelEnv:
+    task_id = kwargs.pop("task_id", GEMM)
+    return PTXKernelEnv(task_id, turns=turns, evaluator=ScriptedEvaluator(script), **kwargs)
+
+
+def play(env: gym.Env[str, str], steps: int) -> list[dict[str, Any]]:
+    env.reset(seed=0)
+    return [env.step(kernel(n))[4] for n in range(steps)]
+
+
+# --------------------------------------------------------------------------------------------
+# FastP
+
+
+def test_fastp_trajectories_and_summary() -> None:
+    env = FastP(make_env(A + B))
+    play(env, 4)
+    play(env, 4)
+    assert env.trajectories == [A, B]
+    summary = env.summary(limits=(1, 4), ps=(1.0, 2.0))
+    assert summary == summarize([A, B], limits=(1, 4), ps=(1.0, 2.0))
+    assert summary.trajectories == 2 and summary.turns == 8
+    assert summary.turn_correctness[4] == pytest.approx((3 / 8, 5 / 8))
+    assert summary.turn_correctness[1] == pytest.approx((0.0, 1 / 2))
+    assert summary.best_speedup[4] == (2.0, 3.0)
+    assert summary.fast[1.0][4] == pytest.approx((1 / 8, 3 / 8))
+    assert summary.fast[2.0][4] == pytest.approx((0.0, 1 / 8))
+
+
+def test_fastp_info_at_episode_end() -> None:
+    env = FastP(make_env(A + B))
+    first = play(env, 4)
+    assert all("fastp" not in info for info in first[:-1])
+    assert first[-1]["fastp"] == {
+        "turns": 4,
+        "turn_correctness": {"inst": 0.5, "all": 0.75},
+        "best_speedup": {"inst": 2.0, "all": 2.0},
+        "fast_1": {"inst": 0.25, "all": 0.5},
+    }
+    second = play(env, 4)[-1]["fastp"]
+    assert second == {
+        "turns": 4,
+        "turn_correctness": {"inst": 0.25, "all": 0.5},
+        "best_speedup": {"inst": 0.5, "all": 3.0},
+        "fast_1": {"inst": 0.0, "all": 0.25},
+    }
+    json.dumps(second, allow_nan=False)
+
+
+def test_fastp_counts_no_empty_episodes() -> None:
+    env = FastP(make_env([WRONG, PLAIN, QUALIFIED_FAST], turns=2))
+    env.reset()
+    env.reset()
+    assert env.trajectories == []
+    play(env, 2)
+    env.reset()
+    env.reset()
+    assert env.trajectories == [[WRONG, PLAIN]]
+    env.step(kernel(0))  # the current, unfinished episode counts too
+    assert env.trajectories == [[WRONG, PLAIN], [QUALIFIED_FAST]]
+
+
+def test_fastp_through_gym_make_ends_on_truncation() -> None:
+    evaluator = ScriptedEvaluator([WRONG, QUALIFIED_FAST])
+    env = FastP(gym.make(GEMM, turns=2, max_episode_steps=2, evaluator=evaluator))
+    env.reset(seed=0)
+    env.step(kernel(0))
+    *_, truncated, info = env.step(kernel(1))
+    assert truncated
+    assert info["fastp"]["best_speedup"] == {"inst": 2.0, "all": 2.0}
+    env.close()
+
+
+def test_fastp_info_reaches_vector_env_callers() -> None:
+    def make(script: list[Turn]) -> FastP:
+        return FastP(PTXKernelEnv(GEMM, turns=2, evaluator=ScriptedEvaluator(script)))
+
+    envs = gym.vector.SyncVectorEnv([lambda: make(A), lambda: make(B)])
+    envs.reset(seed=0)
+    envs.step((kernel(0), kernel(0)))
+    *_, truncated, info = envs.step((kernel(1), kernel(1)))
+    assert truncated.tolist() == [True, True]
+    assert info["fastp"]["best_speedup"]["all"].tolist() == [1.5, 3.0]
+    envs.close()
+
+
+def test_summarize_wrappers_pools_tasks() -> None:
+    gemm = FastP(make_env(A))
+    attention = FastP(make_env(B, task_id="PTX-H100-MHAFwd-d64"))
+    play(gemm, 4)
+    play(attention, 4)
+    assert summarize_wrappers([gemm, attention]) == summarize([A, B])
+
+
+# --------------------------------------------------------------------------------------------
+# TrajectoryRecorder
+
+
+def test_recorder_syncs_a_line_per_step(tmp_path: Path) -> None:
+    path = tmp_path / "runs" / "r.jsonl"
+    env = TrajectoryRecorder(
+        make_env([WRONG, PLAIN, QUALIFIED_FAST], turns=3, prompt_variant=1, knowledge="params"),
+        path,
+        run="nightly",
+        agent="tester",
+    )
+    env.reset(seed=0)
+    for n in range(3):
+        _, reward, _, _, info = env.step(kernel(n))
+        lines = path.read_text(encoding="utf-8").splitlines()  # on disk before step returned
+        assert len(lines) == n + 1
+        record = TurnRecord.from_json(lines[-1])
+        assert record.key == (GEMM, 1, "params", 0, n + 1)
+        assert (record.run, record.agent) == ("nightly", "tester")
+        assert record.status == info["status"]
+        assert record.source == info["source"] == kernel(n)
+        assert (record.feedback, record.message) == (info["feedback"], info["message"])
+        assert record.reward == pytest.approx(float(reward))
+        assert record.reward_components == info["reward_components"]
+        assert record.outcome == json.loads(json.dumps(info["outcome"]))
+        assert record.evaluator == "scripted"
+        assert record.step_seconds > 0
+        assert datetime.fromisoformat(record.timestamp).utcoffset() == UTC.utcoffset(None)
+        assert {"ptxgym", "python", "nvcc"} <= set(record.versions)
+    records = list(read_records(path))
+    assert [r.as_turn() for r in records] == [WRONG, PLAIN, QUALIFIED_FAST]
+    assert (records[2].latency_ms, records[2].baseline_latency_ms) == (1.0, 2.0)
+    assert [r.correct for r in records] == [False, True, True]
+    assert [TurnRecord.from_json(r.to_json()) for r in records] == records
+
+
+def test_recorder_trajectory_indices(tmp_path: Path) -> None:
+    path = tmp_path / "r.jsonl"
+    env = TrajectoryRecorder(make_env([WRONG] * 5, turns=1), path)
+    for options in (None, None, {"trajectory": 7}, None, {"trajectory": 2}):
+        env.reset(options=options)
+        env.step(kernel(0))
+    assert [r.trajectory for r in read_records(path)] == [0, 1, 7, 8, 2]
+    with pytest.raises(ValueError, match="trajectory"):
+        env.reset(options={"trajectory": -1})
+
+
+def test_recorder_versions_computed_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[str] = []
+
+    def no_nvcc() -> str:
+        calls.append("nvcc")
+        raise CompilerUnavailable("nvcc was not found")
+
+    monkeypatch.setattr(wrappers, "nvcc_version", no_nvcc)
+    monkeypatch.setattr(wrappers, "visible_gpus", lambda: (GPUInfo(0, "NVIDIA H200", (9, 0)),))
+    monkeypatch.setattr(wrappers, "_driver_version", lambda: "570.86")
+    env = TrajectoryRecorder(make_env([WRONG, WRONG], turns=2), tmp_path / "r.jsonl")
+    play(env, 2)
+    versions = [r.versions for r in read_records(tmp_path / "r.jsonl")]
+    assert versions[0] == versions[1]
+    assert versions[0]["nvcc"] == "unavailable" and calls == ["nvcc"]
+    assert versions[0]["gpu"] == "NVIDIA H200" and versions[0]["driver"] == "570.86"
+    assert versions[0]["ptxgym"] == __version__
+
+
+def test_recorder_needs_a_ptxgym_env(tmp_path: Path) -> None:
+    with pytest.raises(TypeError, match="ptxgym env"):
+        TrajectoryRecorder(gym.make("CartPole-v1"), tmp_path / "r.jsonl")
+
+
+def test_torn_last_line_is_skipped_then_cut(tmp_path: Path) -> None:
+    path = tmp_path / "r.jsonl"
+    env = TrajectoryRecorder(make_env([WRONG] * 4, turns=4), path)
+    play(env, 2)
+    with path.open("a", encoding="utf-8") as handle:
+        handle.write('{"run": "run", "task_id": "PTX-H1')  # a crash mid-write
+    assert [r.turn for r in read_records(path)] == [1, 2]
+    with pytest.warns(UserWarning, match="torn last line"):
+        env.step(kernel(2))
+    assert [r.turn for r in read_records(path)] == [1, 2, 3]
+
+
+def test_record_missing_only_its_newline_is_kept(tmp_path: Path) -> None:
+    path = tmp_path / "r.jsonl"
+    env = TrajectoryRecorder(make_env([WRONG] * 2, turns=2), path)
+    env.reset()
+    env.step(kernel(0))
+    path.write_bytes(path.read_bytes().rstrip(b"\n"))
+    env.step(kernel(1))
+    assert [r.turn for r in read_records(path)] == [1, 2]
+
+
+# --------------------------------------------------------------------------------------------
+# Repair pairs
+
+
+def make_record(
+    turn: int,
+    status: Status,
+    *,
+    source: str | None = "",
+    trajectory: int = 0,
+    knowledge: str = "full",
+    task_id: str = GEMM,
+    speedup: float | None = None,
+    qualified: bool | None = None,
+    outcome: Outcome | None = None,
+    versions: dict[str, str] | None = None,
+) -> TurnRecord:
+    passed = status is Status.PASSED
+    if outcome is None:
+        outcome = Outcome(
+            task_id,
+            status,
+            f"{status.value} at turn {turn}",
+            "scripted",
+            latency_ms=1.0 if passed else None,
+            baseline_latency_ms=speedup if passed else None,
+            speedup=speedup,
+            qualified=qualified,
+        )
+    return TurnRecord(
+        run="r",
+        task_id=task_id,
+        prompt_variant=0,
+        knowledge=knowledge,
+        trajectory=trajectory,
+        turn=turn,
+        agent="tester",
+        status=status.value,
+        correct=passed,
+        qualified=outcome.qualified,
+        speedup=outcome.speedup,
+        latency_ms=outcome.latency_ms,
+        baseline_latency_ms=outcome.baseline_latency_ms,
+        reward=0.0,
+        reward_components={},
+        source=f"// kernel of turn {turn}\n" if source == "" else source,
+        feedback=f"feedback of turn {turn}",
+        message=outcome.message,
+        step_seconds=1.0,
+        evaluator=outcome.evaluator,
+        versions=versions or {},
+        timestamp="2025-01-01T00:00:00.000+00:00",
+        outcome=json.loads(json.dumps(outcome.to_dict())),
+    )
+
+
+def test_repair_pairs() -> None:
+    records = [
+        make_record(3, Status.PASSED, speedup=1.2, qualified=True),
+        make_record(1, Status.COMPILE_ERROR),
+        make_record(2, Status.INCORRECT_NUMERICAL),
+        make_record(4, Status.FORMAT_ERROR, source=None),  # nothing submitted: no pair
+        make_record(5, Status.RUNTIME_ERROR),
+        make_record(6, Status.PASSED, speedup=2.0, qualified=False),
+        make_record(7, Status.TIMEOUT),  # nothing correct later: no pair
+        # Another knowledge level with the same trajectory index is another trajectory.
+        make_record(1, Status.COMPILE_ERROR, knowledge="none"),
+        make_record(2, Status.COMPILE_ERROR, knowledge="none"),
+    ]
+    pairs = repair_pairs(records)
+    assert [(p["failed_turn"], p["repaired_turn"]) for p in pairs] == [(1, 3), (2, 3), (5, 6)]
+    first = pairs[0]
+    assert first == {
+        "run": "r",
+        "task_id": GEMM,
+        "prompt_variant": 0,
+        "knowledge": "full",
+        "trajectory": 0,
+        "failed_turn": 1,
+        "failed_status": "COMPILE_ERROR",
+        "failed_source": "// kernel of turn 1\n",
+        "feedback": "feedback of turn 1",
+        "repaired_turn": 3,
+        "repaired_source": "// kernel of turn 3\n",
+        "repaired_speedup": 1.2,
+        "repaired_qualified": True,
+    }
+    assert (pairs[2]["repaired_speedup"], pairs[2]["repaired_qualified"]) == (2.0, False)
+
+
+def test_no_repair_without_a_later_correct_turn() -> None:
+    records = [
+        make_record(1, Status.PASSED, speedup=1.0),
+        make_record(2, Status.INCORRECT_SHAPE),
+        make_record(3, Status.COMPILE_ERROR),
+    ]
+    assert repair_pairs(records) == []
+
+
+def test_write_repair_dataset(tmp_path: Path) -> None:
+    records = [make_record(1, Status.COMPILE_ERROR), make_record(2, Status.PASSED, speedup=1.0)]
+    path = tmp_path / "data" / "repairs.jsonl"
+    assert write_repair_dataset(records, path) == 1
+    lines = path.read_text(encoding="utf-8").splitlines()
+    assert [json.loads(line) for line in lines] == repair_pairs(records)
+    assert write_repair_dataset(records[:1], path) == 0  # the file is replaced
+    assert path.read_text(encoding="utf-8") == ""
+
+
+# --------------------------------------------------------------------------------------------
+# FlashInfer-Trace export
+
+
+def _read_dataset(files: Sequence[Path], root: Path) -> dict[str, list[Any]]:
+    """Every written file parsed back with ptxgym.trace's models, grouped by top folder."""
+    parsed: dict[str, list[Any]] = {}
+    for path in files:
+        top = path.relative_to(root).parts[0]
+        if top == "definitions":
+            parsed.setdefault(top, []).append(trace.read_definition(path))
+        elif top == "solutions":
+            solution = trace.Solution.model_validate_json(path.read_text(encoding="utf-8"))
+            assert path.stem == solution.name
+            parsed.setdefault(top, []).append(solution)
+        else:
+            parsed.setdefault(top, []).extend(trace.read_jsonl(path))
+    return parsed
+
+
+def _decode_pass(task: Task) -> Outcome:
+    timings = tuple(
+        WorkloadTiming(w.name, 1.0 + i, 2.0 + i, (2.0 + i) / (1.0 + i), (1.0 + i,), "cupti")
+        for i, w in enumerate(task.workloads)
+    )
+    checks = tuple(
+        CheckReport(
+            "trial0",
+            w.name,
+            tuple(
+                OutputCheck(name, True, max_abs_error=1e-3 * (i + 1), max_rel_error=2e-3)
+                for name in task.definition.outputs
+            ),
+        )
+        for i, w in enumerate(task.workloads)
+    )
+    return Outcome(
+        task.id,
+        Status.PASSED,
+        "correct",
+        "gpu",
+        latency_ms=sum(t.latency_ms for t in timings),
+        baseline_latency_ms=sum(t.baseline_latency_ms for t in timings),
+        speedup=1.3,
+        qualified=True,
+        checks=checks,
+        timings=timings,
+    )
+
+
+def _decode_nan(task: Task) -> Outcome:
+    bad = OutputCheck("o", False, "numerical", "NaN", max_abs_error=0.5, non_finite=3)
+    checks = (CheckReport("trial0", task.workloads[1].name, (bad,)),)
+    return Outcome(task.id, Status.INCORRECT_NUMERICAL, "o: NaN", "gpu", checks=checks)
+
+
+def test_export_flashinfer_parses_back(tmp_path: Path) -> None:
+    decode = get_task(DECODE)
+    versions = {"gpu": "NVIDIA H200", "driver": "570.86", "ptxgym": __version__}
+    records = [
+        make_record(1, Status.FORMAT_ERROR, source=None),  # no source: nothing exported
+        make_record(2, Status.COMPILE_ERROR),
+        make_record(3, Status.PASSED, speedup=1.5, qualified=True, versions=versions),
+        make_record(1, Status.PASSED, task_id=DECODE, outcome=_decode_pass(decode)),
+        make_record(2, Status.INCORRECT_NUMERICAL, task_id=DECODE, outcome=_decode_nan(decode)),
+    ]
+    root = tmp_path / "fib"
+    files = export_flashinfer(records, root)
+    dataset = _read_dataset(files, root)
+    gemm_name = trace.definition_name(get_task(GEMM))
+    decode_name = trace.definition_name(decode)
+    assert sorted(d.name for d in dataset["definitions"]) == sorted([gemm_name, decode_name])
+    solutions = {s.name: s for s in dataset["solutions"]}
+    assert sorted(solutions) == sorted(
+        [
+            f"r_{gemm_name}_v0_full_t0_2",
+            f"r_{gemm_name}_v0_full_t0_3",
+            f"r_{decode_name}_v0_full_t0_1",
+            f"r_{decode_name}_v0_full_t0_2",
+        ]
+    )
+    assert solutions[f"r_{gemm_name}_v0_full_t0_3"].sources[0].content == "// kernel of turn 3\n"
+    assert all(s.author == "tester" for s in solutions.values())
+
+    traces = dataset["traces"]
+    assert len(traces) == 2 + 2 * len(decode.workloads)  # one per workload per turn
+    assert {t.solution for t in traces} == set(solutions)
+    workloads = {t.workload.uuid: t.workload for t in dataset["workloads"]}
+    assert all(workloads[t.workload.uuid] == t.workload for t in traces)
+
+    by_solution: dict[str, list[trace.Trace]] = {}
+    for t in traces:
+        by_solution.setdefault(t.solution or "", []).append(t)
+    [gemm_failed] = by_solution[f"r_{gemm_name}_v0_full_t0_2"]
+    assert gemm_failed.evaluation is not None
+    assert gemm_failed.evaluation.status == "COMPILE_ERROR"
+    [gemm_passed] = by_solution[f"r_{gemm_name}_v0_full_t0_3"]
+    assert gemm_passed.evaluation is not None and gemm_passed.evaluation.performance is not None
+    assert gemm_passed.evaluation.performance.speedup_factor == 1.5  # totals: one workload
+    assert gemm_passed.evaluation.environment.hardware == "NVIDIA_H200"
+    assert gemm_passed.evaluation.environment.libs == {"driver": "570.86", "ptxgym": __version__}
+    assert gemm_passed.evaluation.timestamp == "2025-01-01T00:00:00.000+00:00"
+
+    # A pooled task: each workload's trace has that workload's timing and error maxima.
+    passed = by_solution[f"r_{decode_name}_v0_full_t0_1"]
+    decode_uuids = [t.workload.uuid for t in dataset["workloads"] if t.definition == decode_name]
+    assert [t.workload.uuid for t in passed] == decode_uuids
+    for i, t in enumerate(passed):
+        assert t.evaluation is not None and t.evaluation.performance is not None
+        assert t.evaluation.correctness is not None
+        assert t.evaluation.performance.latency_ms == 1.0 + i
+        assert t.evaluation.performance.reference_latency_ms == 2.0 + i
+        assert t.evaluation.correctness.max_absolute_error == pytest.approx(1e-3 * (i + 1))
+        assert t.evaluation.correctness.max_relative_error == pytest.approx(2e-3)
+    failed = by_solution[f"r_{decode_name}_v0_full_t0_2"]
+    assert all(t.evaluation and t.evaluation.status == "INCORRECT_NUMERICAL" for t in failed)
+    errors = [
+        t.evaluation.correctness.max_absolute_error
+        for t in failed
+        if t.evaluation and t.evaluation.correctness
+    ]
+    assert len(errors) == len(decode.workloads)
+    assert all(math.isnan(e) for e in errors)  # unmeasured, or non-finite outputs
+
+    before = {path: path.read_bytes() for path in files}
+    again = export_flashinfer(records, root)  # idempotent: files rewritten, not appended
+    assert {path: path.read_bytes() for path in again} == before
+
+
+def test_export_without_sources_writes_nothing(tmp_path: Path) -> None:
+    assert export_flashinfer([make_record(1, Status.FORMAT_ERROR, source=None)], tmp_path) == []
+    assert list(tmp_path.iterdir()) == []
+
+
+# --------------------------------------------------------------------------------------------
+# Real compile-only steps
+
+NAIVE_GEMM = (paths.examples_dir() / "naive" / "gemm.cu").read_text(encoding="utf-8")
+
+
+@pytest.mark.nvcc
+def test_real_steps_recorded_and_exported(tmp_path: Path) -> None:
+    path = tmp_path / "r.jsonl"
+    inner = PTXKernelEnv(GEMM, turns=2, evaluator="compile-only")
+    env = FastP(TrajectoryRecorder(inner, path, run="ci", agent="naive"))
+    env.reset(seed=0)
+    assert env.step("no code here")[4]["status"] == "FORMAT_ERROR"
+    *_, truncated, info = env.step(f"```cuda\n{NAIVE_GEMM}```")
+    assert truncated and info["status"] == "COMPILED"
+    assert info["fastp"]["turn_correctness"] == {"inst": 0.0, "all": 0.0}
+    records = list(read_records(path))
+    assert [(r.turn, r.status, r.evaluator) for r in records] == [
+        (1, "FORMAT_ERROR", "none"),
+        (2, "COMPILED", "compile-only"),
+    ]
+    assert records[1].outcome["compile"]["ok"] is True
+    assert records[1].versions["nvcc"] != "unavailable"
+
+    files = export_flashinfer(records, tmp_path / "fib")
+    [trace_file] = [f for f in files if f.parts[-3] == "traces"]
+    [record] = trace.read_jsonl(trace_file)
+    assert record.evaluation is not None
+    assert record.evaluation.status == "RUNTIME_ERROR"  # built, never run (docs/trace.md)
+    assert record.evaluation.log.startswith("ptxgym_status: COMPILED")
+    env.close()
