@@ -1,4 +1,5 @@
-"""The ``ptxgym`` command line: list tasks, show prompts, compile candidates, run the demo."""
+"""The ``ptxgym`` command line: list tasks, show prompts, compile and evaluate candidates, run
+agents over many tasks, report runs, and the demo."""
 
 from __future__ import annotations
 
@@ -11,13 +12,15 @@ from typing import Any
 
 import yaml
 
-from ptxgym import paths
-from ptxgym.evaluator import CompileOnlyEvaluator, Evaluator
+from ptxgym import paths, report
+from ptxgym.evaluator import EVALUATORS, CompileOnlyEvaluator, Evaluator
 from ptxgym.extract import extract_source
 from ptxgym.feedback import render_feedback
 from ptxgym.outcome import Outcome, Status
 from ptxgym.packs import KNOWLEDGE_LEVELS
 from ptxgym.prompt import PROMPT_VARIANTS, build_prompt
+from ptxgym.records import TurnRecord, read_records
+from ptxgym.report import FORMATS
 from ptxgym.tasks import Task, get_task, registry
 
 
@@ -67,16 +70,79 @@ def _parser() -> argparse.ArgumentParser:
     baseline.add_argument("--json", action="store_true", help="machine-readable output")
     baseline.set_defaults(handler=_baseline)
 
+    runner = commands.add_parser(
+        "run",
+        help="run an agent over tasks × prompt variants × trajectories, recording every turn "
+        "(resumable)",
+    )
+    runner.add_argument(
+        "--tasks", required=True, metavar="ID[,ID...]|all", help="task ids, or all of them"
+    )
+    runner.add_argument(
+        "--variants",
+        default=",".join(map(str, PROMPT_VARIANTS)),
+        metavar="N[,N...]",
+        help="prompt variants (default: all)",
+    )
+    runner.add_argument("--trajectories", type=int, default=1, metavar="N", help="per variant")
+    runner.add_argument("--turns", type=int, default=8, metavar="T", help="steps per trajectory")
+    runner.add_argument("--knowledge", choices=KNOWLEDGE_LEVELS, default="full")
+    runner.add_argument("--evaluator", choices=EVALUATORS, default="auto")
+    runner.add_argument("--agent", choices=["scripted"], default="scripted")
+    runner.add_argument(
+        "--files",
+        nargs="+",
+        type=Path,
+        metavar="FILE",
+        help="scripted agent: the file to submit at each turn (the last one repeats)",
+    )
+    runner.add_argument(
+        "--out", required=True, type=Path, metavar="RUN.jsonl", help="records (appended)"
+    )
+    runner.add_argument(
+        "--name",
+        help="the run's name in the records (default: the file's stem); the same name resumes",
+    )
+    runner.add_argument("--no-progress", action="store_true", help="no progress bar")
+    runner.set_defaults(handler=_run)
+
+    reporting = commands.add_parser(
+        "report", help="the per-task metrics table of recorded runs, and the Fast_p plot"
+    )
+    reporting.add_argument("runs", nargs="+", type=Path, metavar="RUN.jsonl")
+    reporting.add_argument("--plot", type=Path, metavar="FILE.png", help="save the Fast_p plot")
+    reporting.add_argument("--format", choices=FORMATS, default="md")
+    reporting.add_argument(
+        "--p",
+        type=float,
+        nargs="+",
+        default=[1.0],
+        metavar="P",
+        help="speedup thresholds for Fast_p (default: 1.0)",
+    )
+    reporting.set_defaults(handler=_report)
+
     demo = commands.add_parser(
         "demo", help="run the example kernels through the real pipeline and report"
+    )
+    demo.add_argument(
+        "--out",
+        type=Path,
+        default=Path("ptxgym-demo"),
+        metavar="DIR",
+        help="where the records, report and plot go (default: ptxgym-demo/)",
     )
     demo.set_defaults(handler=_demo)
     return parser
 
 
+def _sorted_tasks() -> list[Task]:
+    """Every task, H100 first, then by family: the order of ``list`` and of ``run --tasks all``."""
+    return sorted(registry().values(), key=lambda t: (t.gpu != "H100", t.family, t.id))
+
+
 def _list(args: argparse.Namespace) -> int:
-    tasks = [t for t in registry().values() if args.gpu in (None, t.gpu)]
-    tasks.sort(key=lambda t: (t.gpu != "H100", t.family, t.id))
+    tasks = [t for t in _sorted_tasks() if args.gpu in (None, t.gpu)]
     if args.json:
         print(json.dumps([_task_summary(t) for t in tasks], indent=2))
         return 0
@@ -194,16 +260,59 @@ def _baseline(args: argparse.Namespace) -> int:
     return 0
 
 
+def _run(args: argparse.Namespace) -> int:
+    from ptxgym.runner import RunPlan, ScriptedAgent, run
+
+    if args.tasks.strip() == "all":
+        tasks = tuple(task.id for task in _sorted_tasks())
+    else:
+        tasks = tuple(part.strip() for part in args.tasks.split(",") if part.strip())
+    try:
+        variants = tuple(int(part) for part in args.variants.split(","))
+    except ValueError:
+        raise ValueError(f"--variants takes numbers such as 0,1,2, not {args.variants!r}") from None
+    if not args.files:
+        raise ValueError("the scripted agent needs --files")
+    plan = RunPlan(
+        name=args.name or args.out.stem,
+        tasks=tasks,
+        variants=variants,
+        trajectories=args.trajectories,
+        turns=args.turns,
+        knowledge=args.knowledge,
+        evaluator=args.evaluator,
+    )
+    agent = ScriptedAgent(args.files)
+    try:
+        run(plan, agent, args.out, progress=not args.no_progress)
+    except KeyboardInterrupt:
+        print(
+            f"\nptxgym: interrupted; every finished turn is in {args.out}: run the same command "
+            "again to resume",
+            file=sys.stderr,
+        )
+        return 130
+    print(report.report([args.out]), end="")
+    print(f"Records: {args.out} (run {plan.name!r}).")
+    return 0
+
+
+def _report(args: argparse.Namespace) -> int:
+    print(report.report(args.runs, fmt=args.format, ps=args.p, plot=args.plot), end="")
+    if args.plot is not None:
+        print(f"Plot: {args.plot}", file=sys.stderr)
+    return 0
+
+
 def _demo(args: argparse.Namespace) -> int:
     import warnings
 
-    import gymnasium as gym
+    from ptxgym.gpu_evaluator import visible_gpus
+    from ptxgym.runner import RunPlan, ScriptedAgent, run
 
     manifest = paths.examples_dir() / "manifest.yaml"
     entries = yaml.safe_load(manifest.read_text(encoding="utf-8"))["examples"]
-    from ptxgym.gpu_evaluator import visible_gpus
-
-    print("ptxgym demo: the example kernels through the real pipeline (env.step)")
+    print("ptxgym demo: the example kernels through the real pipeline (ptxgym run)")
     if visible_gpus():
         print(
             "An NVIDIA GPU is present: tasks of its architecture are checked, built, run, "
@@ -215,39 +324,38 @@ def _demo(args: argparse.Namespace) -> int:
             "correctness, timing and the instruction profile need a GPU."
         )
     print()
-    rows = []
+    out: Path = args.out
+    out.mkdir(parents=True, exist_ok=True)
+    records = out / "demo.jsonl"
+    # The demo evaluates afresh each time (builds are cached): a resumed demo would show nothing.
+    records.unlink(missing_ok=True)
+    rows: list[TurnRecord] = []
     for entry in entries:
-        source = (paths.examples_dir() / entry["file"]).read_text(encoding="utf-8")
-        for task_id in entry["tasks"]:
-            env = gym.make(task_id)
-            env.reset(seed=0)
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                info = env.step(source)[4]
-            env.close()
-            outcome = info["outcome"]
-            speed = (
-                f"{outcome['latency_ms']:.3f} / {outcome['baseline_latency_ms']:.3f} ms, "
-                f"{outcome['speedup']:.3f}x"
-                if outcome["speedup"] is not None
-                else "-"
+        # One run per example: two examples for the same task must not resume each other.
+        plan = RunPlan(
+            name=entry["file"], tasks=tuple(entry["tasks"]), variants=(0,), trajectories=1, turns=1
+        )
+        with warnings.catch_warnings():
+            # "auto" warns for each task it cannot run on this GPU; the header already said so.
+            warnings.simplefilter("ignore")
+            run(
+                plan, ScriptedAgent([paths.examples_dir() / entry["file"]]), records, progress=False
             )
-            build = outcome["compile"] or {}
-            rows.append(
-                (
-                    task_id,
-                    entry["file"],
-                    outcome["evaluator"],
-                    info["status"],
-                    f"{build.get('seconds', 0):.1f}s",
-                    speed,
-                )
+        new = list(read_records(records))[len(rows) :]
+        for record in new:
+            build = record.outcome.get("compile") or {}
+            speed = f", {record.speedup:.3f}x the baseline" if record.speedup is not None else ""
+            print(
+                f"{record.run:<22} {record.task_id:<24} {record.evaluator:<13} "
+                f"{record.status:<20} build {build.get('seconds', 0):.1f} s{speed}",
+                flush=True,
             )
-    headers = ("task", "example", "evaluator", "status", "build", "latency / baseline, speedup")
-    widths = [max(len(str(r[i])) for r in [headers, *rows]) for i in range(len(headers))]
-    for row in [headers, *rows]:
-        print("  ".join(str(cell).ljust(width) for cell, width in zip(row, widths, strict=True)))
-    good = {Status.COMPILED.value, Status.PASSED.value}
-    failed = [r for r in rows if r[3] not in good]
-    print(f"\n{len(rows) - len(failed)}/{len(rows)} example runs succeeded.")
-    return 1 if failed else 0
+        rows += new
+    table = report.report([records], plot=out / "fastp.png")
+    (out / "report.md").write_text(table, encoding="utf-8")
+    print()
+    print(table, end="")
+    print(f"Files: {records}, {out / 'report.md'}, {out / 'fastp.png'}")
+    failures = [r for r in rows if r.status not in (Status.COMPILED.value, Status.PASSED.value)]
+    print(f"{len(rows) - len(failures)}/{len(rows)} example runs succeeded.")
+    return 1 if failures else 0
