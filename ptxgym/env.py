@@ -83,7 +83,8 @@ class PTXKernelEnv(gym.Env[str, str]):
     - ``knowledge``: ``none``, ``params``, ``params+wrappers`` or ``full``.
     - ``history``: ``full`` (kernels and feedback) or ``feedback-only``.
     - ``reward``: a name (``ladder``, ``binary``) or a callable.
-    - ``evaluator``: ``auto``, ``compile-only`` or an :class:`~ptxgym.evaluator.Evaluator`.
+    - ``evaluator``: ``auto`` (the local GPU when it matches the task, else compile-only),
+      ``gpu``, ``compile-only``, or an :class:`~ptxgym.evaluator.Evaluator`.
     - ``render_mode``: ``ansi`` or ``human``.
 
     ## Registered Configurations
