@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fnmatch
 from collections import Counter
 
 from ptxgym.compiler import CompileResult
@@ -61,10 +62,42 @@ def render_feedback(outcome: Outcome, task: Task) -> str:
     if outcome.speedup is not None:
         lines.append(f"Speedup: {outcome.speedup:.3f}x")
     if outcome.status.correct:
-        qualified = {True: "yes", False: "no", None: "unknown (not profiled)"}[outcome.qualified]
-        lines.append(f"Target instructions executed: {qualified}")
+        lines += _qualification(outcome, task)
     lines += ["", _NEXT_STEP[outcome.status]]
     return "\n".join(lines)
+
+
+def _qualification(outcome: Outcome, task: Task) -> list[str]:
+    """Which target families executed, how often, and why a correct kernel did not qualify."""
+    profile = outcome.profile
+    if profile is None:
+        return ["Target instructions executed: unknown (not profiled); unknown never qualifies."]
+    if not profile.ok:
+        return [
+            f"Target instructions executed: unknown ({profile.reason}); unknown never qualifies."
+        ]
+    sass = outcome.compile.sass if outcome.compile is not None else None
+    in_sass = sass.families_present if sass is not None and sass.error is None else {}
+    lines = ["", "Target instructions (Nsight Compute: executed, predicated-on threads / warps):"]
+    for key, family in task.target.instruction_families.items():
+        patterns = [pattern for group in family.all_of for pattern in group]
+        if profile.families.get(key):
+            counts = ", ".join(
+                f"{opcode} {count:,} / {profile.warp_counts.get(opcode, 0):,}"
+                for opcode, count in sorted(profile.thread_counts.items())
+                if count > 0 and any(fnmatch.fnmatchcase(opcode, p) for p in patterns)
+            )
+            lines.append(f"- {family.name}: executed ({counts})")
+        elif in_sass.get(key):
+            lines.append(f"- {family.name}: present in SASS but never executed")
+        else:
+            lines.append(f"- {family.name}: not executed (no {'/'.join(patterns)} in the code)")
+    names = " or ".join(f.name for f in task.target.instruction_families.values())
+    if outcome.qualified:
+        lines.append("Qualified: yes.")
+    else:
+        lines.append(f"Qualified: no; a correct kernel qualifies by executing {names}.")
+    return lines
 
 
 def _mismatches(report: CheckReport) -> list[str]:

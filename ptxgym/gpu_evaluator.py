@@ -173,8 +173,10 @@ class LocalGPUEvaluator:
             latency_ms=latency,
             baseline_latency_ms=baseline,
             speedup=baseline / latency if latency and baseline else None,
+            qualified=verdict.profile.qualified if verdict.profile is not None else None,
             checks=verdict.checks,
             timings=verdict.timings,
+            profile=verdict.profile,
             worker_log=verdict.worker_log,
             seconds=time.perf_counter() - started,
         )

@@ -24,6 +24,8 @@ from typing import Any
 from ptxgym import channel, paths
 from ptxgym.correctness import CheckReport, check_outputs
 from ptxgym.outcome import Status
+from ptxgym.profile import DEFAULT_TIMEOUT_S as DEFAULT_PROFILE_TIMEOUT_S
+from ptxgym.profile import InstructionProfile, profile_candidate
 from ptxgym.tasks import Task, WorkloadSpec
 from ptxgym.timing import TIMED_CALLS, TRIALS, WARMUP_CALLS, Timer, WorkloadTiming
 from ptxgym.worker import make_inputs, resolve_callable, worker_main
@@ -34,12 +36,14 @@ _LOG_TAIL_CHARS = 2000
 
 @dataclass(frozen=True)
 class JudgeSettings:
-    """Deadlines and the timing protocol."""
+    """Deadlines, the timing protocol, and whether correct candidates are profiled."""
 
     stage_timeout_s: float = 300.0
     warmup: int = WARMUP_CALLS
     iters: int = TIMED_CALLS
     trials: int = TRIALS
+    profile: bool = True
+    profile_timeout_s: float = DEFAULT_PROFILE_TIMEOUT_S
 
 
 @dataclass(frozen=True)
@@ -51,6 +55,7 @@ class Verdict:
     checks: tuple[CheckReport, ...] = ()
     timings: tuple[WorkloadTiming, ...] = ()
     worker_log: str = ""
+    profile: InstructionProfile | None = None
     seconds: float = 0.0
 
     @property
@@ -244,7 +249,30 @@ class Judge:
             self._start_spare()
         # A crash's own words (a Python traceback, a CUDA error) help the next attempt.
         worker_log = log if verdict.status is Status.RUNTIME_ERROR else ""
-        return replace(verdict, worker_log=worker_log, seconds=time.perf_counter() - started)
+        profile = None
+        if verdict.status is Status.PASSED and self.settings.profile:
+            profile = self._profile(task, library, states[0])
+        return replace(
+            verdict,
+            worker_log=worker_log,
+            profile=profile,
+            seconds=time.perf_counter() - started,
+        )
+
+    def _profile(self, task: Task, library: str, state: _WorkloadState) -> InstructionProfile:
+        """The instruction profile on the first workload's first trial inputs; never raises."""
+        payload = {"axes": state.spec.axes, "sequences": state.spec.sequences}
+        try:
+            return profile_candidate(
+                task,
+                library,
+                payload,
+                state.stages[0].seed,
+                device=self.device,
+                timeout_s=self.settings.profile_timeout_s,
+            )
+        except Exception as exc:  # a profile that fails is unknown, and the step goes on
+            return InstructionProfile(False, f"{type(exc).__name__}: {exc}")
 
     def _run(
         self, task: Task, library: str, states: list[_WorkloadState], worker: _Worker

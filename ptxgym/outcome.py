@@ -8,6 +8,7 @@ from typing import Any
 
 from ptxgym.compiler import CompileResult
 from ptxgym.correctness import CheckReport
+from ptxgym.profile import InstructionProfile
 from ptxgym.timing import WorkloadTiming
 
 
@@ -51,9 +52,9 @@ class Outcome:
     """Everything a step learned about one candidate.
 
     ``qualified`` is None when it is unknown (not profiled, or the profile failed): unknown never
-    counts as qualified. Latencies are sums over the task's workloads and ``speedup`` is baseline
-    over candidate; ``timings`` has each workload's figures. ``checks`` holds every output
-    comparison made, the failing one last.
+    counts as qualified; ``profile`` holds the executed-opcode counts behind it. Latencies are
+    sums over the task's workloads and ``speedup`` is baseline over candidate; ``timings`` has
+    each workload's figures. ``checks`` holds every output comparison made, the failing one last.
     """
 
     task_id: str
@@ -67,6 +68,7 @@ class Outcome:
     qualified: bool | None = None
     checks: tuple[CheckReport, ...] = ()
     timings: tuple[WorkloadTiming, ...] = ()
+    profile: InstructionProfile | None = None
     worker_log: str = ""
     seconds: float = 0.0
 

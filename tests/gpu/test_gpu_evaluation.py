@@ -27,7 +27,7 @@ ENTRY_OPEN = "cudaStream_t stream) {\n"
 LAUNCH = "gemm_tn_kernel<<<grid, kThreads, 0, stream>>>(A, B, C, M, N, K, vec_ab, vec_c);\n"
 FMA = "acc[i][j] = fmaf(a[i], b[j], acc[i][j]);"
 ROW_GUARD = "if (m >= M) continue;"
-SETTINGS = JudgeSettings(stage_timeout_s=20.0, warmup=2, iters=5, trials=3)
+SETTINGS = JudgeSettings(stage_timeout_s=20.0, warmup=2, iters=5, trials=3, profile=False)
 
 
 def variant(old: str, new: str, prefix: str = "") -> str:

@@ -1,0 +1,269 @@
+"""Which instructions really executed: the Nsight Compute profile of a correct candidate.
+
+For a candidate that passed, the judge runs one more disposable process under Nsight Compute:
+it makes one input set, then calls the candidate once between ``cudaProfilerStart`` and
+``cudaProfilerStop``, so only the candidate's own launches are profiled (not input generation,
+references or the L2 flush). Nsight Compute collects, per SASS opcode, the predicate-enabled thread
+executions (``sass__thread_inst_executed_true_per_opcode``) and the warp-level executions beside
+them. The report is read through Nsight Compute's Python report interface (``ncu_report``), in a
+process of its own as well, since the profiled program could have tampered with the file.
+
+A family executed when every opcode group of its ``all_of`` has a pattern with a non-zero count
+(``ptxgym.tasks.InstructionFamily``). Qualified = any family executed. A profile that fails or
+times out is ``unknown``: it never qualifies, and the step still completes.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ptxgym.sass import family_present
+from ptxgym.tasks import Task
+
+THREAD_METRIC = "sass__thread_inst_executed_true_per_opcode"
+WARP_METRIC = "sass__inst_executed_per_opcode"
+DEFAULT_TIMEOUT_S = 300.0
+_TAIL_CHARS = 1500
+
+
+@dataclass(frozen=True)
+class InstructionProfile:
+    """Executed SASS opcode counts of one call, and what they say about the target families."""
+
+    ok: bool
+    reason: str = ""  # why the profile is unknown, when it is
+    thread_counts: dict[str, int] = field(default_factory=dict)
+    warp_counts: dict[str, int] = field(default_factory=dict)
+    kernels: tuple[str, ...] = ()
+    families: dict[str, bool] = field(default_factory=dict)
+    seconds: float = 0.0
+
+    @property
+    def qualified(self) -> bool | None:
+        """True or False when measured; None (unknown, never qualifying) when it failed."""
+        return any(self.families.values()) if self.ok else None
+
+
+def families_executed(task: Task, counts: Mapping[str, int]) -> dict[str, bool]:
+    """For each target family: did every group of its ``all_of`` execute some opcode?"""
+    return {
+        key: family_present(counts, family)
+        for key, family in task.target.instruction_families.items()
+    }
+
+
+def find_ncu() -> str | None:
+    """The Nsight Compute command line: ``$PTXGYM_NCU``, else on PATH, in CUDA's bin folder, or
+    in /opt/nvidia."""
+    if override := os.environ.get("PTXGYM_NCU"):
+        return override if Path(override).is_file() else None
+    found = shutil.which("ncu")
+    if found:
+        return found
+    home = Path(os.environ.get("CUDA_HOME", "/usr/local/cuda")) / "bin" / "ncu"
+    if home.is_file():
+        return str(home)
+    installs = sorted(glob.glob("/opt/nvidia/nsight-compute/*/ncu"))
+    return installs[-1] if installs else None
+
+
+def _report_module_dir(ncu: str) -> Path | None:
+    """Where ``ncu_report.py`` ships: ``extras/python`` beside the real ncu binary."""
+    folder = Path(ncu).resolve().parent
+    for candidate in (folder / "extras" / "python", folder.parent / "extras" / "python"):
+        if (candidate / "ncu_report.py").is_file():
+            return candidate
+    return None
+
+
+def profile_candidate(
+    task: Task,
+    library: str,
+    workload: Mapping[str, Any],
+    seed: int,
+    *,
+    device: int,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+) -> InstructionProfile:
+    """Profile one call of the candidate on ``workload`` (axes and sequences) with ``seed``."""
+    started = time.perf_counter()
+
+    def unknown(reason: str) -> InstructionProfile:
+        return InstructionProfile(False, reason, seconds=time.perf_counter() - started)
+
+    ncu = find_ncu()
+    if ncu is None:
+        return unknown("Nsight Compute (ncu) was not found")
+    reader_path = _report_module_dir(ncu)
+    if reader_path is None:
+        return unknown(f"Nsight Compute's Python report interface was not found beside {ncu}")
+    with tempfile.TemporaryDirectory(prefix="ptxgym-profile-") as folder:
+        job = Path(folder) / "job.json"
+        job.write_text(
+            json.dumps(
+                {
+                    "task": task.model_dump(mode="json"),
+                    "library": library,
+                    "workload": dict(workload),
+                    "seed": seed,
+                }
+            )
+        )
+        report = Path(folder) / "profile.ncu-rep"
+        environment = {**os.environ, "CUDA_VISIBLE_DEVICES": _physical_device(device)}
+        command = [
+            ncu,
+            "--profile-from-start",
+            "off",
+            "--clock-control",
+            "none",
+            "--target-processes",
+            "all",
+            "--metrics",
+            f"{THREAD_METRIC},{WARP_METRIC}",
+            "--export",
+            str(report),
+            "--force-overwrite",
+            sys.executable,
+            "-m",
+            "ptxgym.profile",
+            "run",
+            str(job),
+        ]
+        code, output = _run(command, environment, timeout_s)
+        if code is None:
+            return unknown(f"the profile did not finish within {timeout_s:.0f} s")
+        if code != 0 or not report.is_file():
+            return unknown(f"the profiled run failed (exit code {code}): {output[-_TAIL_CHARS:]}")
+        reader_environment = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join(
+                [str(reader_path), os.environ.get("PYTHONPATH", "")]
+            ).rstrip(os.pathsep),
+        }
+        remaining = max(30.0, timeout_s - (time.perf_counter() - started))
+        command = [sys.executable, "-m", "ptxgym.profile", "read", str(report)]
+        code, output = _run(command, reader_environment, remaining)
+        if code != 0:
+            return unknown(f"reading the profile failed: {output[-_TAIL_CHARS:]}")
+    try:
+        counts = json.loads(output.strip().splitlines()[-1])
+        thread_counts = {str(k): int(v) for k, v in counts["thread"].items()}
+        warp_counts = {str(k): int(v) for k, v in counts["warp"].items()}
+        kernels = tuple(str(name) for name in counts["kernels"])
+    except (ValueError, KeyError, IndexError, TypeError, AttributeError):
+        return unknown("the profile reader's output could not be parsed")
+    if not kernels:
+        return unknown("no kernel launch of the candidate was profiled")
+    return InstructionProfile(
+        True,
+        "",
+        thread_counts,
+        warp_counts,
+        kernels,
+        families_executed(task, thread_counts),
+        time.perf_counter() - started,
+    )
+
+
+def _physical_device(device: int) -> str:
+    """``device`` as the child must name it, given this process's own CUDA_VISIBLE_DEVICES."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if not visible:
+        return str(device)
+    return visible.split(",")[device].strip()
+
+
+def _run(
+    command: list[str], environment: dict[str, str], timeout_s: float
+) -> tuple[int | None, str]:
+    """Run a process group with a deadline; ``None`` as the code when it was killed for time."""
+    process = subprocess.Popen(
+        command,
+        env=environment,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    try:
+        output, _ = process.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.communicate()
+        return None, ""
+    return process.returncode, output.decode("utf-8", "replace")
+
+
+def _profiled_call(job_path: str) -> int:
+    """The program Nsight Compute profiles: one call of the candidate, bracketed."""
+    import torch
+
+    from ptxgym.worker import Entry, allocate_outputs, make_inputs
+
+    job = json.loads(Path(job_path).read_text())
+    task = Task.model_validate(job["task"])
+    workload = job["workload"]
+    axes = {**task.definition.const_axes, **workload["axes"]}
+    entry = Entry(job["library"], task)
+    inputs = make_inputs(task, workload, int(job["seed"]), False)
+    outputs = allocate_outputs(task, axes)
+    stream = torch.cuda.Stream()
+    torch.cuda.synchronize()
+    torch.cuda.profiler.start()
+    with torch.cuda.stream(stream):
+        code = entry(inputs, outputs, axes, stream.cuda_stream)
+    torch.cuda.synchronize()
+    torch.cuda.profiler.stop()
+    return 0 if code == 0 else 3
+
+
+def _read_report(report_path: str) -> int:
+    """Sum the per-opcode counts over every profiled kernel; print them as one JSON line."""
+    import ncu_report
+
+    report = ncu_report.load_report(report_path)
+    thread: dict[str, int] = {}
+    warp: dict[str, int] = {}
+    kernels = []
+    for range_index in range(report.num_ranges()):
+        profiled_range = report.range_by_idx(range_index)
+        for action_index in range(profiled_range.num_actions()):
+            action = profiled_range.action_by_idx(action_index)
+            kernels.append(action.name())
+            for metric_name, totals in ((THREAD_METRIC, thread), (WARP_METRIC, warp)):
+                metric = action.metric_by_name(metric_name)
+                if metric is None:
+                    continue
+                opcodes = metric.correlation_ids()
+                for index in range(metric.num_instances()):
+                    opcode = opcodes.as_string(index)
+                    totals[opcode] = totals.get(opcode, 0) + int(metric.as_uint64(index))
+    print(json.dumps({"thread": thread, "warp": warp, "kernels": kernels}))
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    """``python -m ptxgym.profile run JOB`` (profiled) or ``read REPORT`` (report reader)."""
+    if len(argv) == 2 and argv[0] == "run":
+        return _profiled_call(argv[1])
+    if len(argv) == 2 and argv[0] == "read":
+        return _read_report(argv[1])
+    print("usage: python -m ptxgym.profile {run JOB.json | read REPORT.ncu-rep}", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
