@@ -31,19 +31,20 @@ from functools import cache
 from pathlib import Path
 
 from ptxgym import paths
-from ptxgym.policy import pack_header_name
+from ptxgym.policy import ASSEMBLER_ESCAPE_RE, pack_header_name
 from ptxgym.sass import SassInventory, demangle, inventory
 from ptxgym.tasks import Task, c_parameter_types
 
 DEFAULT_TIMEOUT_S = 180.0
 MAX_CACHED_BUILDS = 4000
-_RECIPE_VERSION = "2"  # bump when the build recipe changes, to invalidate cached results
+_RECIPE_VERSION = "3"  # bump when the build recipe changes, to invalidate cached results
 _MEMORY_LIMIT_BYTES = 8 << 30  # per compiler process: stops template/constexpr bombs
 _FILE_SIZE_LIMIT_BYTES = 512 << 20
 _MAX_LOG_CHARS = 6000
 _MAX_DIAGNOSTICS = 12
 
 CANDIDATE_FILE = "candidate.cu"
+OBJECT_FILE = "candidate.o"
 LIBRARY_FILE = "candidate.so"
 _BUILD_FILE = "build.cu"
 _RESULT_FILE = "result.json"
@@ -83,6 +84,9 @@ class CompileResult:
     library: str | None = None
     command: tuple[str, ...] = field(default=(), repr=False)
     sass: SassInventory | None = field(default=None, repr=False)
+    # Set when the build itself found something the policy forbids (what the source scan cannot
+    # see: directives assembled by macros, calls to functions host code may not use).
+    policy_violation: str | None = None
 
 
 @cache
@@ -106,30 +110,48 @@ def nvcc_version() -> str:
 
 
 def nvcc_command(task: Task) -> list[str]:
-    """The nvcc invocation for a task, run inside the build folder."""
+    """The nvcc invocation that compiles the candidate to an object, inside the build folder."""
     return [
         nvcc_path(),
         "-std=c++17",
         "-O3",
         "-lineinfo",
-        "-shared",
         "-Xcompiler",
         "-fPIC",
         "-Xptxas",
         "-v",
         *task.target.nvcc_flags,
         "-I.",
-        # Fail at build time, not at load time, on any symbol the CUDA runtime does not provide
-        # (e.g. a hand-declared cuBLAS function).
-        "-Xlinker",
-        "-z,defs",
         "-keep",
         "-keep-dir",
         _KEEP_DIR,
+        "-c",
         "-o",
-        LIBRARY_FILE,
+        OBJECT_FILE,
         _BUILD_FILE,
     ]
+
+
+def link_command(task: Task) -> list[str]:
+    """The nvcc invocation that links the object into the shared library."""
+    return [
+        nvcc_path(),
+        "-shared",
+        *task.target.nvcc_flags,
+        # Fail at build time, not at load time, on any symbol the CUDA runtime does not provide.
+        "-Xlinker",
+        "-z,defs",
+        "-o",
+        LIBRARY_FILE,
+        OBJECT_FILE,
+    ]
+
+
+def _preprocess_command(task: Task) -> list[str]:
+    compile_flags = nvcc_command(task)[
+        : -len(["-keep", "-keep-dir", _KEEP_DIR, "-c", "-o", OBJECT_FILE, _BUILD_FILE])
+    ]
+    return [*compile_flags, "-E", "-o", "preprocessed.ii", _BUILD_FILE]
 
 
 def build_source(task: Task) -> str:
@@ -162,7 +184,7 @@ def source_hash(source: str, task: Task) -> str:
         source,
         build_source(task),
         _pack_header(task).decode("utf-8", "replace"),
-        json.dumps(nvcc_command(task)[1:]),
+        json.dumps([nvcc_command(task)[1:], link_command(task)[1:]]),
         nvcc_version(),
     ):
         digest.update(part.encode("utf-8", "surrogatepass"))
@@ -251,18 +273,18 @@ def _build(source: str, task: Task, key: str, work: Path, timeout_s: float) -> C
             **extra,  # type: ignore[arg-type]
         )
 
-    preprocess = [*command[:-5], "-E", "-o", "preprocessed.ii", _BUILD_FILE]
-    code, output, timed_out = _run(preprocess, work, timeout_s)
+    code, output, timed_out = _run(_preprocess_command(task), work, timeout_s)
     if timed_out:
         return result(False, f"compile timed out after {timeout_s:.0f} s", timed_out=True)
     if code == 0:
         text = (work / "preprocessed.ii").read_text(encoding="utf-8", errors="replace")
-        if found := _assembler_file_directive(text):
-            return result(
-                False,
-                f"policy: the preprocessed source holds the assembler directive {found!r}, "
-                "which reads a file; it is not allowed",
+        if found := _assembler_escape(text):
+            message = (
+                f"the preprocessed source holds the assembler directive or instruction "
+                f"{found!r}, which reads files, builds directives from pieces, or calls the "
+                "kernel directly; it is not allowed"
             )
+            return result(False, message, policy_violation=message)
     (work / "preprocessed.ii").unlink(missing_ok=True)
 
     (work / _KEEP_DIR).mkdir()
@@ -275,6 +297,20 @@ def _build(source: str, task: Task, key: str, work: Path, timeout_s: float) -> C
     shutil.rmtree(work / _KEEP_DIR, ignore_errors=True)
     if code != 0:
         return result(False, log or f"nvcc failed with exit code {code}", warnings=warnings)
+    forbidden = _forbidden_host_calls(work / OBJECT_FILE)
+    if forbidden:
+        message = (
+            f"the host code calls {', '.join(forbidden[:8])}: host code may call only the CUDA "
+            "runtime and a few C library functions (memory, strings, printing, math, exit)"
+        )
+        return result(False, message, warnings=warnings, policy_violation=message)
+    remaining = max(1.0, timeout_s - (time.perf_counter() - started))
+    code, output, timed_out = _run(link_command(task), work, remaining)
+    if timed_out:
+        return result(False, f"link timed out after {timeout_s:.0f} s", timed_out=True)
+    if code != 0:
+        log, _ = _trim_log(output, work, task)
+        return result(False, log or f"linking failed with exit code {code}", warnings=warnings)
     exported = _exported_symbols(work / LIBRARY_FILE)
     if task.entry_point.symbol not in exported:
         return result(
@@ -285,6 +321,35 @@ def _build(source: str, task: Task, key: str, work: Path, timeout_s: float) -> C
         )
     sass = inventory(work / LIBRARY_FILE, task)
     return result(True, log, warnings=warnings, kernels=kernels, sass=sass)
+
+
+# What the candidate's own object may leave for the linker: the CUDA runtime, the C++ runtime's
+# support routines, and a few C library functions. Everything else (dlopen, system, fork,
+# sockets, files, threads, the Python C API, cuBLAS under any name, weak or not) is refused, so a
+# name assembled by macros or declared weak cannot reach a library at run time.
+_ALLOWED_HOST_SYMBOL = re.compile(
+    r"^(?:cuda\w*|__cuda\w*|_GLOBAL_OFFSET_TABLE_|__dso_handle|__stack_chk_fail"
+    r"|__cxa_\w+|__gxx_personality_v0|_Unwind_\w+|_Zn[wa]\w*|_Zd[la]\w*"
+    r"|_ZSt\d+__throw_\w+|_ZSt9terminatev|atexit|abort|exit|__assert_fail"
+    r"|mem(?:cpy|move|set|cmp)|str(?:len|cmp|ncmp|chr)"
+    r"|(?:f|s|sn|v|vf|vs|vsn)?printf|__printf_chk|__fprintf_chk|__sprintf_chk|__snprintf_chk"
+    r"|puts|putchar|fputs|fputc|fflush|stdout|stderr"
+    r"|malloc|calloc|realloc|free|aligned_alloc|posix_memalign"
+    r"|(?:sqrt|cbrt|exp|exp2|expm1|log|log2|log10|log1p|pow|sin|cos|tan|tanh|erf|fabs|floor"
+    r"|ceil|round|fmax|fmin|fma|fmod|ldexp|frexp|hypot|atan2|atan|asin|acos)f?)$"
+)
+
+
+def _forbidden_host_calls(obj: Path) -> list[str]:
+    """Undefined symbols of the candidate's object that host code may not use, demangled."""
+    out = subprocess.run(
+        ["nm", "--undefined-only", str(obj)], capture_output=True, text=True, check=False,
+        timeout=60,
+    )  # fmt: skip
+    names = {line.split()[-1] for line in out.stdout.splitlines() if line.strip()}
+    forbidden = sorted(name for name in names if not _ALLOWED_HOST_SYMBOL.match(name))
+    readable = demangle(forbidden)
+    return [readable[name] for name in forbidden]
 
 
 def _run(command: list[str], cwd: Path, timeout_s: float) -> tuple[int, str, bool]:
@@ -328,8 +393,9 @@ _STRING_LITERAL_RE = re.compile(r'"((?:[^"\\\n]|\\.)*)"')
 _FILE_DIRECTIVE_RE = re.compile(r"\.(incbin|include)\b", re.IGNORECASE)
 
 
-def _assembler_file_directive(preprocessed: str) -> str | None:
-    """Find ``.incbin``/``.include`` in the preprocessed text or its joined, unescaped literals."""
+def _assembler_escape(preprocessed: str) -> str | None:
+    """Find file directives in the preprocessed text, and any assembler escape (file,
+    macro-building or system-call directive) in its joined, unescaped string literals."""
     if found := _FILE_DIRECTIVE_RE.search(preprocessed):
         return found.group()
     joined: list[str] = []
@@ -345,7 +411,7 @@ def _assembler_file_directive(preprocessed: str) -> str | None:
             joined.append(text)
         last_end = match.end()
     for text in joined:
-        if found := _FILE_DIRECTIVE_RE.search(text):
+        if found := ASSEMBLER_ESCAPE_RE.search(text):
             return found.group()
     return None
 

@@ -51,6 +51,16 @@ def build_candidate(
         )
         return outcome, None
     build = compile_source(source, task, timeout_s=compile_timeout_s)
+    if build.policy_violation is not None:
+        outcome = Outcome(
+            task_id=task.id,
+            status=Status.POLICY_VIOLATION,
+            message=f"the build breaks the rules: {build.policy_violation}",
+            evaluator="policy",
+            compile=build,
+            seconds=time.perf_counter() - started,
+        )
+        return outcome, build
     if not build.ok:
         message = "compile timed out" if build.timed_out else "compilation failed"
         outcome = Outcome(

@@ -310,6 +310,15 @@ class Judge:
                 header, tensors = _receive(worker.conn, timeout)
                 kind = header.get("kind")
                 if kind == "done":
+                    expected = sum(len(s.stages) + 1 for s in states)  # + the timed-loop check
+                    if len(checks) != expected or len(timings) != len(states):
+                        return Verdict(
+                            Status.RUNTIME_ERROR,
+                            "the process running the kernel "
+                            "reported completion before every check and timing "
+                            "was done",
+                            tuple(checks),
+                        )
                     return self._passed(checks, timings)
                 if kind == "error":
                     status = Status(header.get("status", "RUNTIME_ERROR"))

@@ -81,10 +81,18 @@ _FORBIDDEN_LIBRARIES: tuple[tuple[re.Pattern[str], str], ...] = (
     (re.compile(r"\b(thrust|cub)/"), "Thrust/CUB are libraries"),
 )
 _LOADER_RE = re.compile(r"\b(dlopen|dlmopen|dlsym|dlvsym|__libc_dlopen_mode)\b")
-_ASM_FILE_DIRECTIVE_RE = re.compile(r"\.(incbin|include)\b", re.IGNORECASE)
-_DIRECTIVE_RE = re.compile(r"^[ \t]*#[ \t]*(\w+)[ \t]*(.*)$", re.MULTILINE)
+# Assembler directives that read files (.incbin, .include) or build directives from pieces
+# (.irp, .irpc, .rept, .macro, .altmacro: ".inc\\d" with d = bin), and raw system calls.
+# PTX uses none of them.
+ASSEMBLER_ESCAPE_RE = re.compile(
+    r"\.(incbin|include|irpc?|rept|macro|altmacro)\b|\bsyscall\b|\bsysenter\b|\bint\s+\$?0x80\b",
+    re.IGNORECASE,
+)
+# The preprocessor takes any whitespace but a newline around a directive's '#' (form feed and
+# vertical tab included).
+_DIRECTIVE_RE = re.compile(r"^[^\S\n]*#[^\S\n]*(\w+)[^\S\n]*(.*)$", re.MULTILINE)
 _HAS_INCLUDE_RE = re.compile(r"__has_include(?:_next)?\s*\(\s*([^)]*)\)")
-_PRAGMA_OPERATOR_RE = re.compile(r"_Pragma\s*\(\s*\"([^\"]*)\"")
+_PRAGMA_OPERATOR_RE = re.compile(r"_Pragma\s*\(\s*(\"([^\"]*)\")?")
 _HEADER_RE = re.compile(r"^(<([^<>\"]+)>|\"([^<>\"]+)\")\s*$")
 _ALLOWED_PRAGMA_WORDS = frozenset(
     {
@@ -141,11 +149,18 @@ def check_policy(source: str, task: Task) -> PolicyReport:
     for match in _HAS_INCLUDE_RE.finditer(code):
         violations += _check_header(match.group(1).strip(), task, "__has_include")
     for match in _PRAGMA_OPERATOR_RE.finditer(code):
-        violations += _check_pragma(match.group(1))
+        if match.group(1) is None:
+            # A pragma built by a macro (_Pragma(#x)) cannot be checked here.
+            violations.append("_Pragma is allowed only with a string literal")
+        else:
+            violations += _check_pragma(match.group(2))
 
     everything = code + "\n" + "\n".join(strings)
-    if _ASM_FILE_DIRECTIVE_RE.search(everything):
-        violations.append("assembler .incbin/.include directives are not allowed: they read files")
+    if found := ASSEMBLER_ESCAPE_RE.search(everything):
+        violations.append(
+            f"the assembler directive or instruction {found.group()!r} is not allowed: "
+            "it reads files, assembles directives from pieces, or calls the kernel directly"
+        )
     for pattern, reason in _FORBIDDEN_LIBRARIES:
         if found := pattern.search(everything):
             violations.append(f"uses {found.group()!r}: {reason}; write the kernel yourself")
@@ -204,6 +219,10 @@ def _normalise(source: str) -> str:
     return text.replace("%:", "#").replace("??=", "#")
 
 
+# A raw string literal's opening: R" with an optional encoding prefix (u8R", uR", UR", LR").
+_RAW_STRING_RE = re.compile(r'(?:u8|u|U|L)?R"')
+
+
 def _strip_comments(text: str) -> tuple[str, list[str]]:
     """Remove comments; return the code (string literals kept) and the literals' contents.
 
@@ -222,9 +241,15 @@ def _strip_comments(text: str) -> tuple[str, list[str]]:
             end = text.find("*/", i + 2)
             out.append(" ")
             i = n if end < 0 else end + 2
-        elif ch == "R" and text.startswith('R"', i) and (i == 0 or not text[i - 1].isalnum()):
-            open_paren = text.find("(", i + 2)
-            delimiter = text[i + 2 : open_paren] if open_paren >= 0 else ""
+        elif ch in "uULR" and (raw := _RAW_STRING_RE.match(text, i)):
+            if i > 0 and (text[i - 1].isalnum() or text[i - 1] == "_"):
+                # R" inside a longer identifier (fooR"x") is an ordinary string after a name.
+                out.append(ch)
+                i += 1
+                continue
+            start = raw.end()
+            open_paren = text.find("(", start)
+            delimiter = text[start:open_paren] if open_paren >= 0 else ""
             close = text.find(f'){delimiter}"', open_paren + 1) if open_paren >= 0 else -1
             end = n if close < 0 else close + len(delimiter) + 2
             content = text[open_paren + 1 : close] if close >= 0 else text[i:]

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ptxgym.compiler import nvcc_command
+from ptxgym.compiler import link_command, nvcc_command
 from ptxgym.packs import PackPart, estimate_tokens, load_pack
 from ptxgym.policy import ALLOWED_SYSTEM_HEADERS, MAX_SOURCE_CHARS, pack_header_name
 from ptxgym.tasks import DTYPE_BYTES, Task
@@ -151,11 +151,12 @@ def _interface_section(task: Task) -> str:
 def _target_section(task: Task) -> str:
     families = task.target.instruction_families
     command = " ".join(["nvcc", *nvcc_command(task)[1:]])
+    link = " ".join(["nvcc", *link_command(task)[1:]])
     lines = [
         "## Target",
         "",
         f"- GPU: {task.gpu} class, {task.target.devices}; code is built for `{task.target.arch}`.",
-        f"- Build: `{command}` (candidate.cu is your source, included by build.cu).",
+        f"- Build: `{command}` (candidate.cu is your source, included by build.cu), then `{link}`.",
         "",
         "### Required instructions",
         "",
@@ -213,6 +214,9 @@ def _rules_section(task: Task) -> str:
             "exactly as shown below). Nothing else, and never a path.",
             "- No cuBLAS, cuDNN, CUTLASS/CuTe, FlashInfer, Thrust/CUB or torch, whether by "
             "header, by declaration or through dlopen/dlsym: such a kernel is rejected.",
+            "- Host code may call the CUDA runtime and a few C library functions (memory, "
+            "strings, printf, math, malloc/free, exit); any other external function (files, "
+            "processes, threads, sockets, the dynamic loader) is rejected at build time.",
         ]
     )
 

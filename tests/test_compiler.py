@@ -101,13 +101,28 @@ def test_ptx_errors_show_the_ptx_line() -> None:
     assert "wgmma.bogus.sync" in outcome.compile.log
 
 
-def test_undefined_library_symbol_fails_at_link_time() -> None:
-    source = HEADER + 'extern "C" int hidden_library_call(int);\n'
-    source += SIGNATURE + " { return hidden_library_call(M); }\n"
+def test_calls_outside_the_allowed_host_functions_are_refused_at_build_time() -> None:
+    # A weak declaration links even when undefined, and pasting hides the name from the source
+    # scan: only the object's symbol table shows what the host code would call.
+    source = HEADER + "#define CAT(a, b) a##b\n"
+    source += 'extern "C" __attribute__((weak)) int CAT(cub, lasCreate_v2)(void**);\n'
+    source += 'extern "C" int hidden_library_call(int);\n'
+    source += (
+        SIGNATURE + " { void* h; CAT(cub, lasCreate_v2)(&h); return hidden_library_call(M); }\n"
+    )
+    outcome = CompileOnlyEvaluator().evaluate(GEMM, source)
+    assert outcome.status is Status.POLICY_VIOLATION, outcome.message
+    assert "hidden_library_call" in outcome.message
+    assert "cublasCreate_v2" in outcome.message
+
+
+def test_undefined_runtime_symbol_fails_at_link_time() -> None:
+    source = HEADER + 'extern "C" int cudaNotARuntimeFunction(int);\n'
+    source += SIGNATURE + " { return cudaNotARuntimeFunction(M); }\n"
     outcome = CompileOnlyEvaluator().evaluate(GEMM, source)
     assert outcome.status is Status.COMPILE_ERROR
     assert outcome.compile is not None
-    assert "undefined reference to 'hidden_library_call'" in outcome.compile.log
+    assert "undefined reference to 'cudaNotARuntimeFunction'" in outcome.compile.log
 
 
 def test_compile_bomb_times_out_and_its_processes_are_killed() -> None:
