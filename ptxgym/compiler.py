@@ -22,7 +22,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import tempfile
 import time
@@ -32,6 +31,7 @@ from pathlib import Path
 
 from ptxgym import paths
 from ptxgym.policy import ASSEMBLER_ESCAPE_RE, pack_header_name
+from ptxgym.processes import run_group
 from ptxgym.sass import SassInventory, demangle, inventory
 from ptxgym.tasks import Task, c_parameter_types
 
@@ -371,22 +371,8 @@ def _run(command: list[str], cwd: Path, timeout_s: float) -> tuple[int, str, boo
         "LANG": "C",
         "LC_ALL": "C",
     }
-    process = subprocess.Popen(
-        limited,
-        cwd=cwd,
-        env=environment,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    try:
-        stdout, _ = process.communicate(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        process.communicate()
-        return -1, "", True
-    return process.returncode, stdout.decode("utf-8", "replace"), False
+    code, output = run_group(limited, env=environment, timeout_s=timeout_s, cwd=cwd)
+    return (-1, "", True) if code is None else (code, output, False)
 
 
 _STRING_LITERAL_RE = re.compile(r'"((?:[^"\\\n]|\\.)*)"')

@@ -19,8 +19,6 @@ import glob
 import json
 import os
 import shutil
-import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -29,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ptxgym.processes import run_group
 from ptxgym.sass import family_present
 from ptxgym.tasks import Task
 
@@ -142,7 +141,7 @@ def profile_candidate(
             "run",
             str(job),
         ]
-        code, output = _run(command, environment, timeout_s)
+        code, output = run_group(command, env=environment, timeout_s=timeout_s)
         if code is None:
             return unknown(f"the profile did not finish within {timeout_s:.0f} s")
         if code != 0 or not report.is_file():
@@ -155,7 +154,7 @@ def profile_candidate(
         }
         remaining = max(30.0, timeout_s - (time.perf_counter() - started))
         command = [sys.executable, "-m", "ptxgym.profile", "read", str(report)]
-        code, output = _run(command, reader_environment, remaining)
+        code, output = run_group(command, env=reader_environment, timeout_s=remaining)
         if code != 0:
             return unknown(f"reading the profile failed: {output[-_TAIL_CHARS:]}")
     try:
@@ -184,27 +183,6 @@ def _physical_device(device: int) -> str:
     if not visible:
         return str(device)
     return visible.split(",")[device].strip()
-
-
-def _run(
-    command: list[str], environment: dict[str, str], timeout_s: float
-) -> tuple[int | None, str]:
-    """Run a process group with a deadline; ``None`` as the code when it was killed for time."""
-    process = subprocess.Popen(
-        command,
-        env=environment,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    try:
-        output, _ = process.communicate(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        process.communicate()
-        return None, ""
-    return process.returncode, output.decode("utf-8", "replace")
 
 
 def _profiled_call(job_path: str) -> int:
