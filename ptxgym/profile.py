@@ -33,7 +33,7 @@ from ptxgym.tasks import Task
 
 THREAD_METRIC = "sass__thread_inst_executed_true_per_opcode"
 WARP_METRIC = "sass__inst_executed_per_opcode"
-DEFAULT_TIMEOUT_S = 300.0
+DEFAULT_TIMEOUT_S = 120.0
 _TAIL_CHARS = 1500
 
 
