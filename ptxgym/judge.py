@@ -105,8 +105,11 @@ class _Worker:
             self.ready = True
 
     def log_tail(self) -> str:
+        """The end of the worker's output; only the end is read, however large the log grew."""
         try:
-            text = self.log_path.read_text(encoding="utf-8", errors="replace")
+            with self.log_path.open("rb") as log:
+                log.seek(max(0, log.seek(0, os.SEEK_END) - 4 * _LOG_TAIL_CHARS))
+                text = log.read().decode("utf-8", "replace")
         except OSError:
             return ""
         return text[-_LOG_TAIL_CHARS:].strip()

@@ -14,6 +14,7 @@ import ctypes
 import faulthandler
 import importlib
 import os
+import resource
 from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any
@@ -26,6 +27,7 @@ if TYPE_CHECKING:
     import torch
 
 _POISON = float("nan")
+_MAX_FILE_BYTES = 64 << 20
 _TORCH_DTYPES = {"bfloat16": "bfloat16", "float32": "float32", "int32": "int32"}
 
 
@@ -117,6 +119,8 @@ def worker_main(conn: Connection, device: int, log_path: str) -> None:
     log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     os.dup2(log, 1)
     os.dup2(log, 2)
+    # A printf flood ends the worker (SIGXFSZ, a RUNTIME_ERROR) instead of filling the disk.
+    resource.setrlimit(resource.RLIMIT_FSIZE, (_MAX_FILE_BYTES, _MAX_FILE_BYTES))
     faulthandler.enable()
     import torch
 

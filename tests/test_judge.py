@@ -1,0 +1,35 @@
+"""The judge's pieces that need no GPU: cached-baseline keys and the worker log's tail."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ptxgym.judge import JudgeSettings, _Worker, baseline_key
+from ptxgym.tasks import get_task
+
+
+def test_cached_baselines_are_keyed_by_every_axis_and_the_protocol() -> None:
+    device = {
+        "name": "H200",
+        "driver": "580",
+        "torch": "2.11",
+        "cuda": "13.0",
+        "cudnn": 91900,
+        "timing_method": "cupti",
+    }
+    keys = {
+        baseline_key(device, {}, get_task(task_id), get_task(task_id).workloads[0], settings)
+        for task_id in ("PTX-H100-MHAFwd-d64", "PTX-H100-MHAFwd-d96", "PTX-H100-MHAFwd-d128")
+        for settings in (JudgeSettings(), JudgeSettings(iters=5))
+    }
+    assert len(keys) == 6
+
+
+def test_only_the_end_of_a_huge_worker_log_is_read(tmp_path: Path) -> None:
+    log = tmp_path / "worker.log"
+    log.write_bytes(b"x" * 5_000_000 + b"\nFatal Python error: Segmentation fault\n")
+    worker = _Worker.__new__(_Worker)  # no process: only the log is needed
+    worker.log_path = log
+    tail = worker.log_tail()
+    assert tail.endswith("Fatal Python error: Segmentation fault")
+    assert len(tail) <= 2000
