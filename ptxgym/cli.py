@@ -307,7 +307,7 @@ def _report(args: argparse.Namespace) -> int:
 def _demo(args: argparse.Namespace) -> int:
     import warnings
 
-    from ptxgym.gpu_evaluator import visible_gpus
+    from ptxgym.gpus import visible_gpus
     from ptxgym.runner import RunPlan, ScriptedAgent, run
 
     manifest = paths.examples_dir() / "manifest.yaml"

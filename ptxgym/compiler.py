@@ -109,8 +109,8 @@ def nvcc_version() -> str:
     return out.stdout.strip().splitlines()[-1] if out.stdout.strip() else "unknown"
 
 
-def nvcc_command(task: Task) -> list[str]:
-    """The nvcc invocation that compiles the candidate to an object, inside the build folder."""
+def _compile_flags(task: Task) -> list[str]:
+    """nvcc and the flags every compile of a candidate uses (the build and its preprocessing)."""
     return [
         nvcc_path(),
         "-std=c++17",
@@ -122,6 +122,13 @@ def nvcc_command(task: Task) -> list[str]:
         "-v",
         *task.target.nvcc_flags,
         "-I.",
+    ]
+
+
+def nvcc_command(task: Task) -> list[str]:
+    """The nvcc invocation that compiles the candidate to an object, inside the build folder."""
+    return [
+        *_compile_flags(task),
         "-keep",
         "-keep-dir",
         _KEEP_DIR,
@@ -148,10 +155,7 @@ def link_command(task: Task) -> list[str]:
 
 
 def _preprocess_command(task: Task) -> list[str]:
-    compile_flags = nvcc_command(task)[
-        : -len(["-keep", "-keep-dir", _KEEP_DIR, "-c", "-o", OBJECT_FILE, _BUILD_FILE])
-    ]
-    return [*compile_flags, "-E", "-o", "preprocessed.ii", _BUILD_FILE]
+    return [*_compile_flags(task), "-E", "-o", "preprocessed.ii", _BUILD_FILE]
 
 
 def build_source(task: Task) -> str:
@@ -342,11 +346,7 @@ _ALLOWED_HOST_SYMBOL = re.compile(
 
 def _forbidden_host_calls(obj: Path) -> list[str]:
     """Undefined symbols of the candidate's object that host code may not use, demangled."""
-    out = subprocess.run(
-        ["nm", "--undefined-only", str(obj)], capture_output=True, text=True, check=False,
-        timeout=60,
-    )  # fmt: skip
-    names = {line.split()[-1] for line in out.stdout.splitlines() if line.strip()}
+    names = _symbols(obj, "--undefined-only")
     forbidden = sorted(name for name in names if not _ALLOWED_HOST_SYMBOL.match(name))
     readable = demangle(forbidden)
     return [readable[name] for name in forbidden]
@@ -447,14 +447,15 @@ def _parse_resources(output: str) -> tuple[KernelResources, ...]:
 
 def _exported_symbols(library: Path) -> set[str]:
     """Dynamic symbols the library defines (read with nm; the library is never loaded here)."""
+    return _symbols(library, "-D", "--defined-only")
+
+
+def _symbols(path: Path, *options: str) -> set[str]:
+    """Symbol names ``nm`` lists for ``path`` with ``options``."""
     if not shutil.which("nm"):
-        raise CompilerUnavailable("nm (binutils) is needed to inspect built libraries")
+        raise CompilerUnavailable("nm (binutils) is needed to inspect built objects")
     out = subprocess.run(
-        ["nm", "-D", "--defined-only", str(library)],
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=60,
+        ["nm", *options, str(path)], capture_output=True, text=True, check=False, timeout=60
     )
     return {line.split()[-1] for line in out.stdout.splitlines() if line.strip()}
 

@@ -11,16 +11,13 @@ from __future__ import annotations
 import atexit
 import contextlib
 import multiprocessing
-import shutil
-import subprocess
 import threading
 import time
-from dataclasses import dataclass
-from functools import cache
 from typing import Any
 
 from ptxgym.compiler import DEFAULT_TIMEOUT_S
 from ptxgym.evaluator import build_candidate
+from ptxgym.gpus import visible_gpus
 from ptxgym.judge import JudgeSettings, Verdict, judge_main
 from ptxgym.outcome import Outcome
 from ptxgym.tasks import Task
@@ -30,35 +27,6 @@ _START_TIMEOUT_S = 600.0
 
 class EvaluatorError(RuntimeError):
     """The evaluator itself failed (not the candidate): a missing dependency or a wrong GPU."""
-
-
-@dataclass(frozen=True)
-class GPUInfo:
-    index: int
-    name: str
-    capability: tuple[int, int]
-
-
-@cache
-def visible_gpus() -> tuple[GPUInfo, ...]:
-    """GPUs as nvidia-smi lists them; read without creating a CUDA context here."""
-    if not shutil.which("nvidia-smi"):
-        return ()
-    result = subprocess.run(
-        ["nvidia-smi", "--query-gpu=index,name,compute_cap", "--format=csv,noheader"],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    gpus = []
-    for line in result.stdout.splitlines() if result.returncode == 0 else []:
-        try:
-            index, name, capability = (part.strip() for part in line.split(","))
-            major, minor = capability.split(".")
-            gpus.append(GPUInfo(int(index), name, (int(major), int(minor))))
-        except ValueError:
-            continue
-    return tuple(gpus)
 
 
 def incompatibility(task: Task, device: int = 0) -> str | None:

@@ -23,6 +23,7 @@ from typing import Any
 
 from ptxgym import channel, paths
 from ptxgym.correctness import CheckReport, check_outputs
+from ptxgym.gpus import visible_gpus
 from ptxgym.outcome import Status
 from ptxgym.profile import DEFAULT_TIMEOUT_S as DEFAULT_PROFILE_TIMEOUT_S
 from ptxgym.profile import InstructionProfile, profile_candidate
@@ -147,21 +148,20 @@ class Judge:
         self.timer = Timer()
         self.states: dict[tuple[str, str], _WorkloadState] = {}
         self.spare: _Worker | None = None
-        self._start_spare()
-
-    @property
-    def device_info(self) -> dict[str, Any]:
-        torch = self.torch
-        properties = torch.cuda.get_device_properties(self.device)
-        return {
+        properties = torch.cuda.get_device_properties(device)
+        gpus = visible_gpus()
+        # What the GPU, the libraries and the timing method are: read once, keyed into every
+        # cached baseline.
+        self.device_info: dict[str, Any] = {
             "name": properties.name,
             "capability": [properties.major, properties.minor],
             "torch": torch.__version__,
             "cuda": torch.version.cuda,
             "cudnn": torch.backends.cudnn.version(),
-            "driver": _driver_version(),
+            "driver": gpus[0].driver if gpus else "unknown",
             "timing_method": "cupti" if self.timer.cupti is not None else "host-sync",
         }
+        self._start_spare()
 
     def _start_spare(self) -> None:
         self.spare = _Worker(self.context, self.device, self.folder)
@@ -466,17 +466,6 @@ def baseline_key(
         ],
         sort_keys=True,
     )
-
-
-def _driver_version() -> str:
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        version = pynvml.nvmlSystemGetDriverVersion()
-        return version.decode() if isinstance(version, bytes) else str(version)
-    except Exception:
-        return "unknown"
 
 
 def _baseline_cache_path() -> Path:

@@ -32,7 +32,7 @@ import gymnasium as gym
 from ptxgym import __version__, trace
 from ptxgym.compiler import CompileResult, CompilerUnavailable, nvcc_version
 from ptxgym.env import PTXKernelEnv
-from ptxgym.gpu_evaluator import visible_gpus
+from ptxgym.gpus import visible_gpus
 from ptxgym.metrics import (
     TURN_LIMITS,
     Summary,
@@ -144,21 +144,6 @@ def summarize_wrappers(
 # Trajectory records
 
 
-def _driver_version() -> str:
-    try:
-        result = subprocess.run(
-            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-            capture_output=True,
-            text=True,
-            timeout=30,
-            check=False,
-        )
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-    lines = result.stdout.split() if result.returncode == 0 else []
-    return lines[0] if lines else "unknown"
-
-
 def _versions() -> dict[str, str]:
     """ptxgym, Python and nvcc versions; GPU names and driver when a GPU is visible."""
     versions = {"ptxgym": __version__, "python": platform.python_version()}
@@ -169,7 +154,7 @@ def _versions() -> dict[str, str]:
     gpus = visible_gpus()
     if gpus:
         versions["gpu"] = ", ".join(dict.fromkeys(gpu.name for gpu in gpus))
-        versions["driver"] = _driver_version()
+        versions["driver"] = gpus[0].driver
     return versions
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from ptxgym.gpu_evaluator import visible_gpus
+from ptxgym.gpus import visible_gpus
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -79,7 +79,7 @@ def test_compile_of_missing_file_is_a_clear_error() -> None:
 
 
 def test_eval_without_a_matching_gpu_says_so(tmp_path: Path) -> None:
-    from ptxgym.gpu_evaluator import visible_gpus
+    from ptxgym.gpus import visible_gpus
 
     if visible_gpus():
         pytest.skip("this machine has a GPU")
@@ -89,7 +89,7 @@ def test_eval_without_a_matching_gpu_says_so(tmp_path: Path) -> None:
 
 
 def test_baseline_without_a_gpu_says_so() -> None:
-    from ptxgym.gpu_evaluator import visible_gpus
+    from ptxgym.gpus import visible_gpus
 
     if visible_gpus():
         pytest.skip("this machine has a GPU")

@@ -244,7 +244,7 @@ def test_cli_run_needs_files(tmp_path: Path, capsys: pytest.CaptureFixture[str])
 def test_demo_writes_records_report_and_plot(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from ptxgym.gpu_evaluator import visible_gpus
+    from ptxgym.gpus import visible_gpus
 
     assert main(["demo", "--out", str(tmp_path)]) == 0
     printed = capsys.readouterr().out

@@ -20,7 +20,7 @@ from ptxgym import __version__, paths, trace, wrappers
 from ptxgym.compiler import CompilerUnavailable
 from ptxgym.correctness import CheckReport, OutputCheck
 from ptxgym.env import PTXKernelEnv
-from ptxgym.gpu_evaluator import GPUInfo
+from ptxgym.gpus import GPUInfo
 from ptxgym.metrics import Turn, summarize
 from ptxgym.outcome import Outcome, Status
 from ptxgym.records import TurnRecord, read_records
@@ -231,8 +231,8 @@ def test_recorder_versions_computed_once(tmp_path: Path, monkeypatch: pytest.Mon
         raise CompilerUnavailable("nvcc was not found")
 
     monkeypatch.setattr(wrappers, "nvcc_version", no_nvcc)
-    monkeypatch.setattr(wrappers, "visible_gpus", lambda: (GPUInfo(0, "NVIDIA H200", (9, 0)),))
-    monkeypatch.setattr(wrappers, "_driver_version", lambda: "570.86")
+    gpu = GPUInfo(0, "NVIDIA H200", (9, 0), "570.86")
+    monkeypatch.setattr(wrappers, "visible_gpus", lambda: (gpu,))
     env = TrajectoryRecorder(make_env([WRONG, WRONG], turns=2), tmp_path / "r.jsonl")
     play(env, 2)
     versions = [r.versions for r in read_records(tmp_path / "r.jsonl")]

@@ -1,0 +1,42 @@
+"""Which NVIDIA GPUs this machine has, read with nvidia-smi so that no CUDA context is created."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from dataclasses import dataclass
+from functools import cache
+
+
+@dataclass(frozen=True)
+class GPUInfo:
+    index: int
+    name: str
+    capability: tuple[int, int]
+    driver: str
+
+
+@cache
+def visible_gpus() -> tuple[GPUInfo, ...]:
+    """GPUs as nvidia-smi lists them; read without creating a CUDA context here."""
+    if not shutil.which("nvidia-smi"):
+        return ()
+    result = subprocess.run(
+        [
+            "nvidia-smi",
+            "--query-gpu=index,name,compute_cap,driver_version",
+            "--format=csv,noheader",
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    gpus = []
+    for line in result.stdout.splitlines() if result.returncode == 0 else []:
+        try:
+            index, name, capability, driver = (part.strip() for part in line.split(","))
+            major, minor = capability.split(".")
+            gpus.append(GPUInfo(int(index), name, (int(major), int(minor)), driver))
+        except ValueError:
+            continue
+    return tuple(gpus)
