@@ -14,7 +14,7 @@ import yaml
 
 from ptxgym import paths, report
 from ptxgym.evaluator import EVALUATORS, CompileOnlyEvaluator, Evaluator
-from ptxgym.extract import extract_source
+from ptxgym.extract import extract_source, read_action
 from ptxgym.feedback import render_feedback
 from ptxgym.outcome import Outcome, Status
 from ptxgym.packs import KNOWLEDGE_LEVELS
@@ -182,25 +182,16 @@ def _prompt(args: argparse.Namespace) -> int:
     return 0
 
 
-def _read_action(path: Path) -> str | None:
-    """The file as text, or None when it is not UTF-8 (reported as a format error)."""
-    try:
-        return path.read_bytes().decode("utf-8")
-    except UnicodeDecodeError:
-        return None
-
-
 def _compile(args: argparse.Namespace) -> int:
     return _report_candidate(args, CompileOnlyEvaluator(), success=Status.COMPILED)
 
 
 def evaluate_file(task: Task, path: Path, evaluator: Evaluator) -> Outcome:
     """Extract the candidate in ``path`` and evaluate it."""
-    text = _read_action(path)
-    extraction = extract_source(text) if text is not None else None
-    if extraction is None or extraction.source is None:
-        message = extraction.error if extraction else f"{path.name} is not UTF-8 text"
-        return Outcome(task.id, Status.FORMAT_ERROR, message or "no source", evaluator="none")
+    extraction = extract_source(read_action(path))
+    if extraction.source is None:
+        message = extraction.error or "no source"
+        return Outcome(task.id, Status.FORMAT_ERROR, message, evaluator="none")
     return evaluator.evaluate(task, extraction.source)
 
 

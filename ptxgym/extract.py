@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from pathlib import Path
 
 MAX_ACTION_CHARS = 2_000_000
 """Longest action examined at all; a model reply with reasoning is far shorter."""
@@ -72,6 +73,12 @@ def extract_source(action: str) -> Extraction:
     if not source.strip():
         return Extraction(None, "the last ```cuda block is empty")
     return Extraction(source)
+
+
+def read_action(path: Path) -> str:
+    """A file's text as an action. Bytes that are not UTF-8 become lone surrogates, which
+    :func:`extract_source` reports as invalid UTF-8 (a format error, not a crash)."""
+    return path.read_bytes().decode("utf-8", errors="surrogateescape")
 
 
 def _fenced_blocks(text: str) -> list[tuple[str, str]]:

@@ -19,6 +19,7 @@ from tqdm import tqdm
 
 from ptxgym.env import PTXKernelEnv
 from ptxgym.evaluator import EVALUATORS, Evaluator, make_evaluator
+from ptxgym.extract import read_action
 from ptxgym.packs import KNOWLEDGE_LEVELS
 from ptxgym.prompt import PROMPT_VARIANTS
 from ptxgym.records import TurnRecord, read_records
@@ -58,8 +59,7 @@ class ScriptedAgent:
         # info["turn"] counts the turns done; read from info, not kept here, so that a resumed
         # episode picks the right file.
         path = self.files[min(int(info["turn"]), len(self.files) - 1)]
-        # Undecodable bytes become lone surrogates, which the env reports as a FORMAT_ERROR.
-        return path.read_bytes().decode("utf-8", errors="surrogateescape")
+        return read_action(path)
 
 
 @dataclass(frozen=True)
