@@ -39,6 +39,13 @@ def step(evaluator: LocalGPUEvaluator, task_id: str, source: str) -> dict[str, A
         "speedup": outcome["speedup"],
         "step_s": time.perf_counter() - started,
         "method": outcome["timings"][0]["method"] if outcome["timings"] else None,
+        "qualified": outcome["qualified"],
+        "profile_s": outcome["profile"]["seconds"] if outcome["profile"] else None,
+        "executed": {
+            family: executed
+            for family, executed in (outcome["profile"] or {}).get("families", {}).items()
+        },
+        "evaluation_s": outcome["seconds"],
     }
 
 
@@ -69,15 +76,22 @@ def main() -> None:
     results["examples"] = examples
     save(args.out, results)
     print("## Example kernels through env.step\n")
-    print("| task | example | status | latency ms | baseline ms | speedup | step s |")
-    print("|---|---|---|---|---|---|---|")
+    print(
+        "| task | example | status | latency ms | baseline ms | speedup | qualified "
+        "| profile s | step s |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|")
     for r in examples:
         numbers = (
             f"{r['latency_ms']:.3f} | {r['baseline_latency_ms']:.4f} | {r['speedup']:.4f}"
             if r["speedup"]
             else "- | - | -"
         )
-        print(f"| {r['task']} | {r['example']} | {r['status']} | {numbers} | {r['step_s']:.1f} |")
+        profile_s = f"{r['profile_s']:.1f}" if r["profile_s"] is not None else "-"
+        print(
+            f"| {r['task']} | {r['example']} | {r['status']} | {numbers} | {r['qualified']} "
+            f"| {profile_s} | {r['step_s']:.1f} |"
+        )
 
     gemm = (paths.examples_dir() / "naive" / "gemm.cu").read_text()
     repeats = [step(evaluator, "PTX-H100-GEMM", gemm) for _ in range(REPEATS)]

@@ -62,6 +62,18 @@ def _parser() -> argparse.ArgumentParser:
         command.add_argument("file", metavar="FILE", type=Path, help="CUDA source or model reply")
         command.add_argument("--json", action="store_true", help="print the outcome as JSON")
         command.set_defaults(handler=handler)
+        if name == "eval":
+            command.add_argument(
+                "--no-memcheck", action="store_true", help="skip compute-sanitizer memcheck"
+            )
+            command.add_argument(
+                "--racecheck",
+                action="store_true",
+                help="also run compute-sanitizer racecheck (shared-memory races)",
+            )
+            command.add_argument(
+                "--no-profile", action="store_true", help="skip the Nsight Compute profile"
+            )
 
     baseline = commands.add_parser(
         "baseline", help="the library baseline's latency per workload on the local GPU"
@@ -202,9 +214,13 @@ def compile_file(task: Task, path: Path) -> Outcome:
 
 def _eval(args: argparse.Namespace) -> int:
     from ptxgym.gpu_evaluator import EvaluatorError, LocalGPUEvaluator
+    from ptxgym.judge import JudgeSettings
 
+    settings = JudgeSettings(
+        memcheck=not args.no_memcheck, racecheck=args.racecheck, profile=not args.no_profile
+    )
     try:
-        return _report_candidate(args, LocalGPUEvaluator(), success=Status.PASSED)
+        return _report_candidate(args, LocalGPUEvaluator(settings=settings), success=Status.PASSED)
     except EvaluatorError as exc:
         print(f"ptxgym: error: {exc}", file=sys.stderr)
         return 2

@@ -8,6 +8,8 @@ from collections import Counter
 from ptxgym.compiler import CompileResult
 from ptxgym.correctness import CheckReport
 from ptxgym.outcome import Outcome, Status
+from ptxgym.profile import KernelFacts
+from ptxgym.sanitizer import SanitizerReport
 from ptxgym.sass import SassInventory, matching_count
 from ptxgym.tasks import Task
 
@@ -47,6 +49,8 @@ def render_feedback(outcome: Outcome, task: Task) -> str:
             outcome.worker_log,
             "```",
         ]
+    if outcome.sanitizers:
+        lines += _memory_safety(outcome.sanitizers)
     if outcome.timings:
         lines += ["", f"Timing ({outcome.timings[0].method}), per workload:"]
         for timing in outcome.timings:
@@ -97,6 +101,52 @@ def _qualification(outcome: Outcome, task: Task) -> list[str]:
         lines.append("Qualified: yes.")
     else:
         lines.append(f"Qualified: no; a correct kernel qualifies by executing {names}.")
+    return lines + _profiler_facts(profile.kernels)
+
+
+def _profiler_facts(kernels: tuple[KernelFacts, ...]) -> list[str]:
+    """Nsight Compute's summary of the longest kernels: where the time went and what limits it."""
+    timed = sorted(kernels, key=lambda k: k.duration_us or 0.0, reverse=True)[:2]
+    if not timed:
+        return []
+    lines = ["", "Profiler (Nsight Compute, one call; percentages are of the GPU's peak):"]
+    for kernel in timed:
+        facts = [
+            f"{kernel.duration_us:.1f} us" if kernel.duration_us is not None else None,
+            _percent("SM throughput", kernel.sm_throughput_pct),
+            _percent("memory throughput", kernel.memory_throughput_pct),
+            _percent("DRAM throughput", kernel.dram_throughput_pct),
+            _percent("achieved occupancy", kernel.achieved_occupancy_pct),
+            _percent("theoretical occupancy", kernel.theoretical_occupancy_pct),
+            f"{kernel.registers_per_thread:.0f} registers/thread"
+            if kernel.registers_per_thread is not None
+            else None,
+            f"grid {kernel.grid_size:.0f} x {kernel.block_size:.0f} threads"
+            if kernel.grid_size is not None and kernel.block_size is not None
+            else None,
+        ]
+        lines.append(f"- {kernel.name}: " + ", ".join(f for f in facts if f is not None))
+    if len(kernels) > len(timed):
+        lines.append(f"- ({len(kernels) - len(timed)} more launches)")
+    return lines
+
+
+def _percent(label: str, value: float | None) -> str | None:
+    return f"{label} {value:.0f}%" if value is not None else None
+
+
+def _memory_safety(reports: tuple[SanitizerReport, ...]) -> list[str]:
+    """What compute-sanitizer's tools said about one call of the kernel."""
+    lines = ["", "Memory safety (compute-sanitizer, one call of the kernel):"]
+    for report in reports:
+        if not report.ok:
+            lines.append(f"- {report.tool}: unknown ({report.reason})")
+        elif not report.errors:
+            lines.append(f"- {report.tool}: no errors")
+        else:
+            plural = "s" if report.errors != 1 else ""
+            lines.append(f"- {report.tool}: {report.errors} error{plural}; the first:")
+            lines += ["```text", "\n\n".join(report.findings), "```"]
     return lines
 
 

@@ -144,6 +144,7 @@ class LocalGPUEvaluator:
             qualified=verdict.profile.qualified if verdict.profile is not None else None,
             checks=verdict.checks,
             timings=verdict.timings,
+            sanitizers=verdict.sanitizers,
             profile=verdict.profile,
             worker_log=verdict.worker_log,
             seconds=time.perf_counter() - started,

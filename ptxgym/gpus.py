@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 from dataclasses import dataclass
@@ -40,3 +41,12 @@ def visible_gpus() -> tuple[GPUInfo, ...]:
         except ValueError:
             continue
     return tuple(gpus)
+
+
+def physical_device(device: int) -> str:
+    """CUDA device ``device`` of this process, as a child process must name it in
+    CUDA_VISIBLE_DEVICES (this process may itself see a subset of the GPUs)."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if not visible:
+        return str(device)
+    return visible.split(",")[device].strip()

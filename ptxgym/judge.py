@@ -27,6 +27,8 @@ from ptxgym.gpus import visible_gpus
 from ptxgym.outcome import Status
 from ptxgym.profile import DEFAULT_TIMEOUT_S as DEFAULT_PROFILE_TIMEOUT_S
 from ptxgym.profile import InstructionProfile, profile_candidate
+from ptxgym.sanitizer import DEFAULT_TIMEOUT_S as DEFAULT_SANITIZER_TIMEOUT_S
+from ptxgym.sanitizer import SanitizerReport, Tool, sanitize_candidate
 from ptxgym.tasks import Task, WorkloadSpec
 from ptxgym.timing import TIMED_CALLS, TRIALS, WARMUP_CALLS, Timer, WorkloadTiming
 from ptxgym.worker import make_inputs, resolve_callable, worker_main
@@ -37,12 +39,21 @@ _LOG_TAIL_CHARS = 2000
 
 @dataclass(frozen=True)
 class JudgeSettings:
-    """Deadlines, the timing protocol, and whether correct candidates are profiled."""
+    """Deadlines, the timing protocol, and which checks beyond correctness run.
+
+    ``memcheck``: compute-sanitizer memcheck on every candidate that ran (passed, or gave wrong
+    results, or crashed; not one that hung). ``racecheck``: shared-memory race detection on
+    request, for candidates that ran to completion. ``profile``: the Nsight Compute instruction
+    profile of correct candidates. docs/evaluation.md gives what each costs.
+    """
 
     stage_timeout_s: float = 300.0
     warmup: int = WARMUP_CALLS
     iters: int = TIMED_CALLS
     trials: int = TRIALS
+    memcheck: bool = True
+    racecheck: bool = False
+    sanitizer_timeout_s: float = DEFAULT_SANITIZER_TIMEOUT_S
     profile: bool = True
     profile_timeout_s: float = DEFAULT_PROFILE_TIMEOUT_S
 
@@ -56,6 +67,7 @@ class Verdict:
     checks: tuple[CheckReport, ...] = ()
     timings: tuple[WorkloadTiming, ...] = ()
     worker_log: str = ""
+    sanitizers: tuple[SanitizerReport, ...] = ()
     profile: InstructionProfile | None = None
     seconds: float = 0.0
 
@@ -252,15 +264,49 @@ class Judge:
             self._start_spare()
         # A crash's own words (a Python traceback, a CUDA error) help the next attempt.
         worker_log = log if verdict.status is Status.RUNTIME_ERROR else ""
+        sanitizers = tuple(
+            self._sanitize(task, library, states[0], tool)
+            for tool in self._sanitizer_tools(verdict.status)
+        )
+        verdict = _with_memory_errors(verdict, sanitizers)
         profile = None
         if verdict.status is Status.PASSED and self.settings.profile:
             profile = self._profile(task, library, states[0])
         return replace(
             verdict,
             worker_log=worker_log,
+            sanitizers=sanitizers,
             profile=profile,
             seconds=time.perf_counter() - started,
         )
+
+    def _sanitizer_tools(self, status: Status) -> list[Tool]:
+        """Which compute-sanitizer tools this verdict calls for (none for a hang: it would hang
+        again under the tool, until the tool's deadline)."""
+        tools: list[Tool] = []
+        if self.settings.memcheck and (status.ran or status is Status.RUNTIME_ERROR):
+            tools.append("memcheck")
+        if self.settings.racecheck and status.ran:
+            tools.append("racecheck")
+        return tools
+
+    def _sanitize(
+        self, task: Task, library: str, state: _WorkloadState, tool: Tool
+    ) -> SanitizerReport:
+        """One sanitizer run on the first workload's first trial inputs; never raises."""
+        payload = {"axes": state.spec.axes, "sequences": state.spec.sequences}
+        try:
+            return sanitize_candidate(
+                task,
+                library,
+                payload,
+                state.stages[0].seed,
+                device=self.device,
+                tool=tool,
+                timeout_s=self.settings.sanitizer_timeout_s,
+            )
+        except Exception as exc:  # an unknown memory-safety result; the step goes on
+            return SanitizerReport(tool, False, reason=f"{type(exc).__name__}: {exc}")
 
     def _profile(self, task: Task, library: str, state: _WorkloadState) -> InstructionProfile:
         """The instruction profile on the first workload's first trial inputs; never raises."""
@@ -434,6 +480,19 @@ class Judge:
         for log in self.folder.glob("*"):
             log.unlink(missing_ok=True)
         os.rmdir(self.folder)
+
+
+def _with_memory_errors(verdict: Verdict, reports: tuple[SanitizerReport, ...]) -> Verdict:
+    """MEMORY_ERROR when a sanitizer found errors: out-of-bounds or racy memory use is a defect
+    even where this run's outputs happened to be right."""
+    found = [r for r in reports if r.ok and r.errors]
+    if not found:
+        return verdict
+    what = ", ".join(f"{r.tool} {r.errors} error{'s' if r.errors != 1 else ''}" for r in found)
+    message = f"compute-sanitizer found memory errors in one call of the kernel ({what})"
+    if verdict.status is not Status.PASSED:
+        message += f"; the evaluation had found: {verdict.status.value}: {verdict.message}"
+    return replace(verdict, status=Status.MEMORY_ERROR, message=message)
 
 
 def baseline_key(

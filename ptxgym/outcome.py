@@ -9,6 +9,7 @@ from typing import Any
 from ptxgym.compiler import CompileResult
 from ptxgym.correctness import CheckReport
 from ptxgym.profile import InstructionProfile
+from ptxgym.sanitizer import SanitizerReport
 from ptxgym.timing import WorkloadTiming
 
 
@@ -54,7 +55,8 @@ class Outcome:
     ``qualified`` is None when it is unknown (not profiled, or the profile failed): unknown never
     counts as qualified; ``profile`` holds the executed-opcode counts behind it. Latencies are
     sums over the task's workloads and ``speedup`` is baseline over candidate; ``timings`` has
-    each workload's figures. ``checks`` holds every output comparison made, the failing one last.
+    each workload's figures. ``checks`` holds every output comparison made, the failing one last;
+    ``sanitizers`` what compute-sanitizer's tools found.
     """
 
     task_id: str
@@ -68,6 +70,7 @@ class Outcome:
     qualified: bool | None = None
     checks: tuple[CheckReport, ...] = ()
     timings: tuple[WorkloadTiming, ...] = ()
+    sanitizers: tuple[SanitizerReport, ...] = ()
     profile: InstructionProfile | None = None
     worker_log: str = ""
     seconds: float = 0.0

@@ -1,12 +1,14 @@
 """Which instructions really executed: the Nsight Compute profile of a correct candidate.
 
 For a candidate that passed, the judge runs one more disposable process under Nsight Compute:
-it makes one input set, then calls the candidate once between ``cudaProfilerStart`` and
+``ptxgym.single_call`` calls the candidate once between ``cudaProfilerStart`` and
 ``cudaProfilerStop``, so only the candidate's own launches are profiled (not input generation,
 references or the L2 flush). Nsight Compute collects, per SASS opcode, the predicate-enabled thread
 executions (``sass__thread_inst_executed_true_per_opcode``) and the warp-level executions beside
-them. The report is read through Nsight Compute's Python report interface (``ncu_report``), in a
-process of its own as well, since the profiled program could have tampered with the file.
+them, and its SpeedOfLight, Occupancy and LaunchStats sections: throughput against the GPU's peaks,
+occupancy and registers, the facts that help the next attempt. The report is read through Nsight
+Compute's Python report interface (``ncu_report``), in a process of its own as well, since the
+profiled program could have tampered with the file.
 
 A family executed when every opcode group of its ``all_of`` has a pattern with a non-zero count
 (``ptxgym.tasks.InstructionFamily``). Qualified = any family executed. A profile that fails or
@@ -27,14 +29,45 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ptxgym.gpus import physical_device
 from ptxgym.processes import run_group
 from ptxgym.sass import family_present
+from ptxgym.single_call import write_job
 from ptxgym.tasks import Task
 
 THREAD_METRIC = "sass__thread_inst_executed_true_per_opcode"
 WARP_METRIC = "sass__inst_executed_per_opcode"
+SECTIONS = ("SpeedOfLight", "Occupancy", "LaunchStats")
+# The section metrics reported per kernel, under the names KernelFacts gives them.
+FACT_METRICS = {
+    "duration_us": "gpu__time_duration.sum",
+    "sm_throughput_pct": "sm__throughput.avg.pct_of_peak_sustained_elapsed",
+    "memory_throughput_pct": "gpu__compute_memory_throughput.avg.pct_of_peak_sustained_elapsed",
+    "dram_throughput_pct": "dram__throughput.avg.pct_of_peak_sustained_elapsed",
+    "achieved_occupancy_pct": "sm__warps_active.avg.pct_of_peak_sustained_active",
+    "theoretical_occupancy_pct": "sm__maximum_warps_per_active_cycle_pct",
+    "registers_per_thread": "launch__registers_per_thread",
+    "grid_size": "launch__grid_size",
+    "block_size": "launch__block_size",
+}
 DEFAULT_TIMEOUT_S = 120.0
 _TAIL_CHARS = 1500
+
+
+@dataclass(frozen=True)
+class KernelFacts:
+    """Nsight Compute's summary of one profiled kernel launch (None where it was not reported)."""
+
+    name: str
+    duration_us: float | None = None
+    sm_throughput_pct: float | None = None
+    memory_throughput_pct: float | None = None
+    dram_throughput_pct: float | None = None
+    achieved_occupancy_pct: float | None = None
+    theoretical_occupancy_pct: float | None = None
+    registers_per_thread: float | None = None
+    grid_size: float | None = None
+    block_size: float | None = None
 
 
 @dataclass(frozen=True)
@@ -45,7 +78,7 @@ class InstructionProfile:
     reason: str = ""  # why the profile is unknown, when it is
     thread_counts: dict[str, int] = field(default_factory=dict)
     warp_counts: dict[str, int] = field(default_factory=dict)
-    kernels: tuple[str, ...] = ()
+    kernels: tuple[KernelFacts, ...] = ()
     families: dict[str, bool] = field(default_factory=dict)
     seconds: float = 0.0
 
@@ -109,19 +142,9 @@ def profile_candidate(
     if reader_path is None:
         return unknown(f"Nsight Compute's Python report interface was not found beside {ncu}")
     with tempfile.TemporaryDirectory(prefix="ptxgym-profile-") as folder:
-        job = Path(folder) / "job.json"
-        job.write_text(
-            json.dumps(
-                {
-                    "task": task.model_dump(mode="json"),
-                    "library": library,
-                    "workload": dict(workload),
-                    "seed": seed,
-                }
-            )
-        )
+        job = write_job(Path(folder), task, library, workload, seed)
         report = Path(folder) / "profile.ncu-rep"
-        environment = {**os.environ, "CUDA_VISIBLE_DEVICES": _physical_device(device)}
+        environment = {**os.environ, "CUDA_VISIBLE_DEVICES": physical_device(device)}
         command = [
             ncu,
             "--profile-from-start",
@@ -130,6 +153,7 @@ def profile_candidate(
             "none",
             "--target-processes",
             "all",
+            *(argument for section in SECTIONS for argument in ("--section", section)),
             "--metrics",
             f"{THREAD_METRIC},{WARP_METRIC}",
             "--export",
@@ -137,11 +161,10 @@ def profile_candidate(
             "--force-overwrite",
             sys.executable,
             "-m",
-            "ptxgym.profile",
-            "run",
+            "ptxgym.single_call",
             str(job),
         ]
-        code, output = run_group(command, env=environment, timeout_s=timeout_s)
+        code, output = run_group(command, env=environment, timeout_s=timeout_s, cwd=Path(folder))
         if code is None:
             return unknown(f"the profile did not finish within {timeout_s:.0f} s")
         if code != 0 or not report.is_file():
@@ -161,7 +184,7 @@ def profile_candidate(
         counts = json.loads(output.strip().splitlines()[-1])
         thread_counts = {str(k): int(v) for k, v in counts["thread"].items()}
         warp_counts = {str(k): int(v) for k, v in counts["warp"].items()}
-        kernels = tuple(str(name) for name in counts["kernels"])
+        kernels = tuple(_kernel_facts(kernel) for kernel in counts["kernels"])
     except (ValueError, KeyError, IndexError, TypeError, AttributeError):
         return unknown("the profile reader's output could not be parsed")
     if not kernels:
@@ -177,39 +200,21 @@ def profile_candidate(
     )
 
 
-def _physical_device(device: int) -> str:
-    """``device`` as the child must name it, given this process's own CUDA_VISIBLE_DEVICES."""
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if not visible:
-        return str(device)
-    return visible.split(",")[device].strip()
-
-
-def _profiled_call(job_path: str) -> int:
-    """The program Nsight Compute profiles: one call of the candidate, bracketed."""
-    import torch
-
-    from ptxgym.worker import Entry, allocate_outputs, make_inputs
-
-    job = json.loads(Path(job_path).read_text())
-    task = Task.model_validate(job["task"])
-    workload = job["workload"]
-    axes = {**task.definition.const_axes, **workload["axes"]}
-    entry = Entry(job["library"], task)
-    inputs = make_inputs(task, workload, int(job["seed"]), False)
-    outputs = allocate_outputs(task, axes)
-    stream = torch.cuda.Stream()
-    torch.cuda.synchronize()
-    torch.cuda.profiler.start()
-    with torch.cuda.stream(stream):
-        code = entry(inputs, outputs, axes, stream.cuda_stream)
-    torch.cuda.synchronize()
-    torch.cuda.profiler.stop()
-    return 0 if code == 0 else 3
+def _kernel_facts(kernel: Mapping[str, Any]) -> KernelFacts:
+    metrics = kernel["metrics"]
+    values = {
+        fact: float(metrics[metric])
+        for fact, metric in FACT_METRICS.items()
+        if isinstance(metrics.get(metric), int | float)
+    }
+    if "duration_us" in values:  # Nsight Compute reports the duration in nanoseconds
+        values["duration_us"] /= 1000.0
+    return KernelFacts(str(kernel["name"]), **values)
 
 
 def _read_report(report_path: str) -> int:
-    """Sum the per-opcode counts over every profiled kernel; print them as one JSON line."""
+    """Sum the per-opcode counts over every profiled kernel, and list each kernel's section
+    metrics; print them as one JSON line."""
     import ncu_report
 
     report = ncu_report.load_report(report_path)
@@ -220,7 +225,12 @@ def _read_report(report_path: str) -> int:
         profiled_range = report.range_by_idx(range_index)
         for action_index in range(profiled_range.num_actions()):
             action = profiled_range.action_by_idx(action_index)
-            kernels.append(action.name())
+            facts: dict[str, float] = {}
+            for metric_name in FACT_METRICS.values():
+                metric = action.metric_by_name(metric_name)
+                if metric is not None:
+                    facts[metric_name] = float(metric.as_double())
+            kernels.append({"name": action.name(), "metrics": facts})
             for metric_name, totals in ((THREAD_METRIC, thread), (WARP_METRIC, warp)):
                 metric = action.metric_by_name(metric_name)
                 if metric is None:
@@ -234,12 +244,10 @@ def _read_report(report_path: str) -> int:
 
 
 def main(argv: list[str]) -> int:
-    """``python -m ptxgym.profile run JOB`` (profiled) or ``read REPORT`` (report reader)."""
-    if len(argv) == 2 and argv[0] == "run":
-        return _profiled_call(argv[1])
+    """``python -m ptxgym.profile read REPORT``: the report reader's process."""
     if len(argv) == 2 and argv[0] == "read":
         return _read_report(argv[1])
-    print("usage: python -m ptxgym.profile {run JOB.json | read REPORT.ncu-rep}", file=sys.stderr)
+    print("usage: python -m ptxgym.profile read REPORT.ncu-rep", file=sys.stderr)
     return 2
 
 

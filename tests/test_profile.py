@@ -13,7 +13,12 @@ from ptxgym import profile
 from ptxgym.compiler import CompileResult
 from ptxgym.feedback import render_feedback
 from ptxgym.outcome import Outcome, Status
-from ptxgym.profile import InstructionProfile, families_executed, profile_candidate
+from ptxgym.profile import (
+    InstructionProfile,
+    KernelFacts,
+    families_executed,
+    profile_candidate,
+)
 from ptxgym.sass import SassInventory
 from ptxgym.tasks import get_task
 
@@ -79,6 +84,98 @@ def test_hanging_profiler_is_killed_and_gives_unknown(
     assert not result.ok and "within 1 s" in result.reason
 
 
+# A stand-in for Nsight Compute's report interface: two profiled launches with known metrics.
+_FAKE_REPORT_MODULE = """
+class _Names:
+    def __init__(self, names):
+        self.names = names
+    def as_string(self, index):
+        return self.names[index]
+
+class _Metric:
+    def __init__(self, value):
+        self.value = value
+    def correlation_ids(self):
+        return _Names(list(self.value))
+    def num_instances(self):
+        return len(self.value)
+    def as_uint64(self, index):
+        return list(self.value.values())[index]
+    def as_double(self):
+        return float(self.value)
+
+class _Action:
+    def __init__(self, name, metrics):
+        self._name, self.metrics = name, metrics
+    def name(self):
+        return self._name
+    def metric_by_name(self, name):
+        return _Metric(self.metrics[name]) if name in self.metrics else None
+
+class _Range:
+    def __init__(self, actions):
+        self.actions = actions
+    def num_actions(self):
+        return len(self.actions)
+    def action_by_idx(self, index):
+        return self.actions[index]
+
+class _Report:
+    def num_ranges(self):
+        return 1
+    def range_by_idx(self, index):
+        return _Range([
+            _Action("producer", {
+                "sass__thread_inst_executed_true_per_opcode": {"HGMMA": 256, "FFMA": 7},
+                "sass__inst_executed_per_opcode": {"HGMMA": 8, "FFMA": 1},
+                "gpu__time_duration.sum": 1500000.0,
+                "sm__throughput.avg.pct_of_peak_sustained_elapsed": 81.5,
+                "launch__registers_per_thread": 168,
+            }),
+            _Action("epilogue", {
+                "sass__thread_inst_executed_true_per_opcode": {"HGMMA": 128},
+                "sass__inst_executed_per_opcode": {"HGMMA": 4},
+            }),
+        ])
+
+def load_report(path):
+    assert open(path).read() == "report"
+    return _Report()
+"""
+
+
+def test_report_is_read_through_the_report_interface(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The fake ncu records its arguments and writes the report file named after --export.
+    ncu = _fake_ncu(
+        tmp_path,
+        'echo "$@" > "$(dirname "$0")/args"\n'
+        'while [ "$1" != "--export" ]; do shift; done; printf report > "$2"',
+    )
+    (tmp_path / "extras" / "python" / "ncu_report.py").write_text(_FAKE_REPORT_MODULE)
+    monkeypatch.setenv("PTXGYM_NCU", str(ncu))
+    result = profile_candidate(H100, "/nonexistent.so", WORKLOAD, 1, device=0)
+    assert result.ok, result.reason
+    assert result.thread_counts == {"HGMMA": 384, "FFMA": 7}
+    assert result.warp_counts == {"HGMMA": 12, "FFMA": 1}
+    assert result.families == {"compute": True, "data_movement": False}
+    assert result.kernels == (
+        KernelFacts(
+            "producer", duration_us=1500.0, sm_throughput_pct=81.5, registers_per_thread=168
+        ),
+        KernelFacts("epilogue"),
+    )
+    arguments = (tmp_path / "args").read_text()
+    for expected in (
+        "--profile-from-start off",
+        "--clock-control none",
+        "--section SpeedOfLight --section Occupancy --section LaunchStats",
+        "-m ptxgym.single_call",
+    ):
+        assert expected in arguments
+
+
 def test_module_usage() -> None:
     result = subprocess.run(
         [sys.executable, "-m", "ptxgym.profile"], capture_output=True, text=True, check=False
@@ -112,20 +209,40 @@ def test_feedback_names_executed_families_with_counts() -> None:
         True,
         thread_counts={"HGMMA": 16384, "UTMALDG": 128, "FFMA": 9},
         warp_counts={"HGMMA": 512, "UTMALDG": 128},
-        kernels=("k",),
+        kernels=(
+            KernelFacts(
+                "gemm_ws_kernel",
+                duration_us=1523.4,
+                sm_throughput_pct=88.2,
+                memory_throughput_pct=41.0,
+                dram_throughput_pct=22.5,
+                achieved_occupancy_pct=18.7,
+                theoretical_occupancy_pct=18.75,
+                registers_per_thread=168,
+                grid_size=2048,
+                block_size=384,
+            ),
+            KernelFacts("tiny"),
+        ),
         families={"compute": True, "data_movement": True},
     )
     text = render_feedback(_passed(executed, {"compute": True, "data_movement": True}), H100)
     assert "- wgmma: executed (HGMMA 16,384 / 512)" in text
     assert "- TMA: executed (UTMALDG 128 / 128)" in text
     assert "Qualified: yes." in text
+    assert (
+        "- gemm_ws_kernel: 1523.4 us, SM throughput 88%, memory throughput 41%, "
+        "DRAM throughput 22%, achieved occupancy 19%, theoretical occupancy 19%, "
+        "168 registers/thread, grid 2048 x 384 threads"
+    ) in text
+    assert "- tiny: " in text  # a launch without facts is still named
 
 
 def test_feedback_says_present_in_sass_but_never_executed() -> None:
     idle = InstructionProfile(
         True,
         thread_counts={"FFMA": 9},
-        kernels=("k",),
+        kernels=(KernelFacts("k"),),
         families={"compute": False, "data_movement": False},
     )
     text = render_feedback(_passed(idle, {"compute": True, "data_movement": False}), H100)

@@ -1,0 +1,167 @@
+"""Memory safety: one call of the candidate under compute-sanitizer (memcheck, or racecheck).
+
+The judge runs this as its own operation after the correctness and timing stages, in a
+disposable process (``ptxgym.single_call``) started by compute-sanitizer. PyTorch's caching
+allocator is turned off there, so every tensor is an allocation of its own and a write past the
+end of an output lands outside any allocation, where memcheck sees it (inside a cached pool it
+would hit a neighbour and go unnoticed). The report keeps the error count and the first findings,
+demangled (compute-sanitizer's default) and trimmed: no host backtraces, file paths cut
+to the file name, a bounded number of lines.
+
+A sanitizer that is missing, fails or times out gives a report that is not ``ok``: the memory
+safety of the candidate is then unknown, and the step goes on.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from ptxgym.gpus import physical_device
+from ptxgym.processes import run_group
+from ptxgym.single_call import write_job
+from ptxgym.tasks import Task
+
+Tool = Literal["memcheck", "racecheck"]
+DEFAULT_TIMEOUT_S = 120.0
+ERROR_EXIT_CODE = 86
+MAX_FINDINGS = 3
+_LINES_PER_FINDING = 6
+_LINE_CHARS = 240
+_PREFIX = re.compile(r"^=========(?: |$)")
+_PATH = re.compile(r"(?<![\w.])(?:\.{1,2}|~)?(?:/[\w.+-]+)*/([\w.+-]+)")
+_ERROR_SUMMARY = re.compile(r"ERROR SUMMARY: (\d+) errors?")
+_RACE_SUMMARY = re.compile(r"RACECHECK SUMMARY: \d+ hazards? displayed \((\d+) errors?")
+
+
+@dataclass(frozen=True)
+class SanitizerReport:
+    """What one compute-sanitizer tool found in one call of the candidate."""
+
+    tool: str
+    ok: bool  # the tool ran to its summary; when False, ``reason`` says why
+    errors: int = 0
+    findings: tuple[str, ...] = ()
+    reason: str = ""
+    seconds: float = 0.0
+
+    @property
+    def clean(self) -> bool | None:
+        """True or False when the tool ran; None when memory safety is unknown."""
+        return self.errors == 0 if self.ok else None
+
+
+def find_compute_sanitizer() -> str | None:
+    """``$PTXGYM_COMPUTE_SANITIZER``, else on PATH, else in CUDA's bin folder."""
+    if override := os.environ.get("PTXGYM_COMPUTE_SANITIZER"):
+        return override if Path(override).is_file() else None
+    found = shutil.which("compute-sanitizer")
+    if found:
+        return found
+    home = Path(os.environ.get("CUDA_HOME", "/usr/local/cuda")) / "bin" / "compute-sanitizer"
+    return str(home) if home.is_file() else None
+
+
+def sanitize_candidate(
+    task: Task,
+    library: str,
+    workload: Mapping[str, Any],
+    seed: int,
+    *,
+    device: int,
+    tool: Tool = "memcheck",
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+) -> SanitizerReport:
+    """Run one call of the candidate on ``workload`` with ``seed`` under ``tool``."""
+    started = time.perf_counter()
+
+    def unknown(reason: str) -> SanitizerReport:
+        return SanitizerReport(tool, False, reason=reason, seconds=time.perf_counter() - started)
+
+    sanitizer = find_compute_sanitizer()
+    if sanitizer is None:
+        return unknown("compute-sanitizer was not found")
+    with tempfile.TemporaryDirectory(prefix=f"ptxgym-{tool}-") as folder:
+        job = write_job(Path(folder), task, library, workload, seed)
+        command = [
+            sanitizer,
+            "--tool",
+            tool,
+            "--error-exitcode",
+            str(ERROR_EXIT_CODE),
+            "--print-limit",
+            str(MAX_FINDINGS * 4),
+            "--target-processes",
+            "application-only",
+            sys.executable,
+            "-m",
+            "ptxgym.single_call",
+            str(job),
+        ]
+        environment = {
+            **os.environ,
+            "CUDA_VISIBLE_DEVICES": physical_device(device),
+            "PYTORCH_NO_CUDA_MEMORY_CACHING": "1",
+        }
+        code, output = run_group(command, env=environment, timeout_s=timeout_s, cwd=Path(folder))
+    if code is None:
+        return unknown(f"{tool} did not finish within {timeout_s:.0f} s")
+    errors = parse_error_count(output)
+    if errors is None:
+        tail = "\n".join(output.strip().splitlines()[-8:])
+        return unknown(f"{tool} ended (exit code {code}) without its summary: {tail}")
+    findings = parse_findings(output)
+    return SanitizerReport(tool, True, errors, findings, seconds=time.perf_counter() - started)
+
+
+def parse_error_count(output: str) -> int | None:
+    """The number of errors in the tool's summary line, or None when there is no summary."""
+    for pattern in (_RACE_SUMMARY, _ERROR_SUMMARY):
+        found = pattern.search(output)
+        if found:
+            return int(found.group(1))
+    return None
+
+
+def parse_findings(output: str) -> tuple[str, ...]:
+    """The first findings of the tool's output, each a few lines without host backtraces, and
+    with file paths cut to the file name (the build folder means nothing to the model)."""
+    findings: list[str] = []
+    block: list[str] = []
+    in_backtrace = False
+
+    def close() -> None:
+        if block and len(findings) < MAX_FINDINGS:
+            findings.append("\n".join(block[:_LINES_PER_FINDING]))
+        block.clear()
+
+    for raw in output.splitlines():
+        if not _PREFIX.match(raw):
+            continue
+        line = _PREFIX.sub("", raw).rstrip()
+        stripped = line.strip()
+        if not stripped:
+            close()
+            in_backtrace = False
+            continue
+        if stripped.startswith(("COMPUTE-SANITIZER", "ERROR SUMMARY", "RACECHECK SUMMARY")):
+            close()
+            continue
+        if "host backtrace" in stripped or stripped.startswith("Host Frame"):
+            in_backtrace = True
+            continue
+        if in_backtrace and raw.startswith("=========         "):
+            continue
+        in_backtrace = False
+        line = _PATH.sub(r"\1", line)
+        block.append(line if len(line) <= _LINE_CHARS else line[: _LINE_CHARS - 3] + "...")
+    close()
+    return tuple(findings)
