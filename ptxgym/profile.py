@@ -112,12 +112,20 @@ def find_ncu() -> str | None:
 
 
 def _report_module_dir(ncu: str) -> Path | None:
-    """Where ``ncu_report.py`` ships: ``extras/python`` beside the real ncu binary."""
+    """Where ``ncu_report.py`` ships: ``extras/python`` of the Nsight Compute install that ``ncu``
+    belongs to. ``ncu`` may be a symbolic link or a wrapper script (CUDA's bin/ncu execs the
+    install under CUDA's folder), so the installs beside CUDA and in /opt/nvidia are searched
+    too, the one beside the real binary first."""
     folder = Path(ncu).resolve().parent
-    for candidate in (folder / "extras" / "python", folder.parent / "extras" / "python"):
-        if (candidate / "ncu_report.py").is_file():
-            return candidate
-    return None
+    cuda_home = Path(os.environ.get("CUDA_HOME", "/usr/local/cuda"))
+    candidates = [folder / "extras" / "python", folder.parent / "extras" / "python"]
+    for pattern in (
+        str(folder.parent / "nsight-compute*"),
+        str(cuda_home / "nsight-compute*"),
+        "/opt/nvidia/nsight-compute/*",
+    ):
+        candidates += [Path(p) / "extras" / "python" for p in sorted(glob.glob(pattern))[::-1]]
+    return next((c for c in candidates if (c / "ncu_report.py").is_file()), None)
 
 
 def profile_candidate(

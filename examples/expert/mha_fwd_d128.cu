@@ -28,8 +28,13 @@
 //   * Inter-warpgroup ping-pong (FA3 scheduler barrier): named barriers 1/2 make the two
 //     consumers take turns issuing their GEMMs, so one warpgroup's softmax runs while the other's
 //     GEMMs occupy the tensor cores.
+//     The softmax stays ahead of that wgmma's wait only because a K_{j+1} mbarrier wait sits
+//     between them (see the comment at the wgmma_wait<0> in the loop).
+//   * Empty barriers count one arrival per consumer warp (8), each after that warp's own
+//     wgmma.wait_group retired the group that read the stage.
 //   * Epilogue: quad-reduce the row sums, O /= l, store bf16 O directly from registers (each quad
-//     writes 16 contiguous bytes per row chunk; O is only 1/3 of the traffic and written once),
+//     writes 16 contiguous bytes per row chunk; O is 32 KB per CTA, written once per ~32 K/V
+//     iterations, so a TMA-store epilogue would gain little in a non-persistent kernel),
 //     LSE = (m + log2 l) * ln2 from the lane owning column 0 of the row.
 // Shared memory: Q 32 KB + 3 stages x (K 32 KB + V 32 KB) = 224 KB (+ barriers, + 1 KB for
 // alignment) = 230504 B of the 232448 B allowed. Three stages let the producer run two K/V tiles

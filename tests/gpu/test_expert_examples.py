@@ -26,7 +26,7 @@ EXPERTS = [
     if entry["kind"] == "expert"
     for task_id in entry["tasks"]
 ]
-SHORT = JudgeSettings(stage_timeout_s=120.0, warmup=3, iters=10, trials=3)
+SHORT = JudgeSettings(stage_timeout_s=60.0, warmup=3, iters=10, trials=3)
 
 
 @pytest.fixture(scope="module")

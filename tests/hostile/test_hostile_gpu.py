@@ -35,7 +35,11 @@ pytestmark = pytest.mark.gpu
 
 GEMM = get_task("PTX-H100-GEMM")
 NAIVE_GEMM = (paths.examples_dir() / "naive" / "gemm.cu").read_text()
-SETTINGS = JudgeSettings(stage_timeout_s=20.0, warmup=2, iters=5, trials=3)
+# Neither memcheck (tests/gpu/test_gpu_sanitizer.py) nor the profile: these tests are about the
+# evaluation's defences, and 2 steps per attack are slow enough already.
+SETTINGS = JudgeSettings(
+    stage_timeout_s=20.0, warmup=2, iters=5, trials=3, memcheck=False, profile=False
+)
 MAX_FEEDBACK_CHARS = 20_000
 SPEEDUP_TOLERANCE = 0.05
 
