@@ -2,23 +2,29 @@
 
 The env process checks and compiles (CPU), then hands the library to the judge process of the
 GPU (``ptxgym.judge``), which keeps the workload state and runs each candidate in a disposable
-worker. One judge per GPU serves every evaluator in the process, one evaluation at a time, so
-timings never overlap on a GPU.
+worker. One judge per GPU (and settings) serves every evaluator in the process, several
+evaluations at once; their GPU stages take turns under the GPU's lock (``ptxgym.gpu_lock``),
+which also holds against judges of other processes, so timings never overlap on a GPU.
 """
 
 from __future__ import annotations
 
+import asyncio
 import atexit
 import contextlib
+import itertools
 import multiprocessing
+import os
 import threading
 import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from ptxgym.compiler import DEFAULT_TIMEOUT_S
 from ptxgym.evaluator import build_candidate
 from ptxgym.gpus import visible_gpus
-from ptxgym.judge import JudgeSettings, Verdict, judge_main
+from ptxgym.judge import Judge, JudgeSettings, Verdict, judge_main
 from ptxgym.outcome import Outcome
 from ptxgym.tasks import Task
 
@@ -42,40 +48,87 @@ def incompatibility(task: Task, device: int = 0) -> str | None:
 
 
 class _JudgeHandle:
-    """The evaluator's end of one judge process."""
+    """The evaluator's end of one judge process: requests out, answers routed to their askers.
 
-    def __init__(self, device: int, settings: JudgeSettings) -> None:
+    Any number of threads may have requests in flight; a reader thread hands each answer to the
+    future of the request it belongs to. If the judge dies, every pending request fails with an
+    EvaluatorError and the next ``judge_for`` starts a new judge.
+    """
+
+    def __init__(
+        self,
+        device: int,
+        settings: JudgeSettings,
+        factory: Callable[[int, JudgeSettings], Judge] = Judge,
+    ) -> None:
         context = multiprocessing.get_context("spawn")
         self.conn, child = context.Pipe()
         # Not a daemon: daemons may not have children, and the judge starts workers. It still
         # ends with its parent: its requests channel closes, and it exits on end of file.
-        self.process = context.Process(target=judge_main, args=(child, device, settings))
+        self.process = context.Process(target=judge_main, args=(child, device, settings, factory))
         self.process.start()
         child.close()
-        self.lock = threading.Lock()
+        self.device = device
+        self._send_lock = threading.Lock()
+        self._pending: dict[int, Future[Any]] = {}
+        self._pending_lock = threading.Lock()
+        self._ids = itertools.count()
         if not self.conn.poll(_START_TIMEOUT_S):
             self.close()
             raise EvaluatorError(f"the judge for GPU {device} did not start")
-        kind, payload = self.conn.recv()
+        _, kind, payload = self.conn.recv()
         if kind != "ready":
             self.close()
             raise EvaluatorError(f"the judge for GPU {device} failed to start: {payload}")
         self.info: dict[str, Any] = payload
+        self._reader = threading.Thread(target=self._read_answers, daemon=True)
+        self._reader.start()
 
-    def request(self, *message: Any) -> Any:
-        with self.lock:
-            self.conn.send(message)
-            kind, payload = self.conn.recv()
-        if kind == "failed":
-            raise EvaluatorError(str(payload))
-        return payload
+    def submit(self, kind: str, *arguments: Any, deadline: float | None = None) -> Future[Any]:
+        """Send one request; its future holds the answer (or an EvaluatorError)."""
+        future: Future[Any] = Future()
+        request_id = next(self._ids)
+        with self._pending_lock:
+            self._pending[request_id] = future
+        try:
+            with self._send_lock:
+                self.conn.send((kind, request_id, deadline, *arguments))
+        except (OSError, ValueError) as exc:
+            with self._pending_lock:
+                self._pending.pop(request_id, None)
+            future.set_exception(EvaluatorError(f"the judge for GPU {self.device} is gone: {exc}"))
+        return future
+
+    def request(self, kind: str, *arguments: Any) -> Any:
+        return self.submit(kind, *arguments).result()
+
+    def _read_answers(self) -> None:
+        while True:
+            try:
+                request_id, kind, payload = self.conn.recv()
+            except (EOFError, OSError):
+                break
+            with self._pending_lock:
+                future = self._pending.pop(request_id, None)
+            if future is None:
+                continue
+            if kind in ("failed", "expired"):
+                future.set_exception(EvaluatorError(str(payload)))
+            else:
+                future.set_result(payload)
+        with self._pending_lock:
+            pending, self._pending = self._pending, {}
+        for future in pending.values():
+            future.set_exception(
+                EvaluatorError(f"the judge for GPU {self.device} stopped before answering")
+            )
 
     @property
     def alive(self) -> bool:
         return self.process.is_alive()
 
     def close(self) -> None:
-        with contextlib.suppress(OSError):
+        with contextlib.suppress(OSError, ValueError), self._send_lock:
             self.conn.send(("close",))
         self.process.join(timeout=30)
         if self.process.is_alive():
@@ -95,6 +148,20 @@ def judge_for(device: int, settings: JudgeSettings) -> _JudgeHandle:
         return handle
 
 
+_builder_pool: ThreadPoolExecutor | None = None
+
+
+def _builders() -> ThreadPoolExecutor:
+    """The process's pool for background evaluations: one thread per CPU core."""
+    global _builder_pool
+    with _judges_lock:
+        if _builder_pool is None:
+            _builder_pool = ThreadPoolExecutor(
+                max_workers=os.cpu_count() or 4, thread_name_prefix="ptxgym-evaluate"
+            )
+        return _builder_pool
+
+
 @atexit.register
 def _close_judges() -> None:
     with _judges_lock:
@@ -104,7 +171,16 @@ def _close_judges() -> None:
 
 
 class LocalGPUEvaluator:
-    """Policy, build, then correctness and timing against the library on the local GPU."""
+    """Policy, build, then correctness and timing against the library on the local GPU.
+
+    ``evaluate`` blocks; ``submit`` returns a future and ``evaluate_async`` is awaitable, so one
+    thread or event loop can keep many candidates in flight. Builds run in a shared thread pool
+    (nvcc runs outside the GIL, so they spread over the CPU cores); the GPU stages of every
+    evaluator of the process go through the one judge of the GPU, which overlaps their CPU parts
+    and lets only one use the GPU at a time. ``queue_timeout_s``: how long a request may wait in
+    the judge's queue before it fails with an EvaluatorError (a capacity problem, not the
+    candidate's); None waits as long as it takes.
+    """
 
     name = "gpu"
 
@@ -114,10 +190,12 @@ class LocalGPUEvaluator:
         *,
         compile_timeout_s: float = DEFAULT_TIMEOUT_S,
         settings: JudgeSettings | None = None,
+        queue_timeout_s: float | None = None,
     ) -> None:
         self.device = device
         self.compile_timeout_s = compile_timeout_s
         self.settings = settings or JudgeSettings()
+        self.queue_timeout_s = queue_timeout_s
 
     def evaluate(self, task: Task, source: str) -> Outcome:
         started = time.perf_counter()
@@ -128,9 +206,11 @@ class LocalGPUEvaluator:
         if stopped is not None:
             return stopped
         assert build is not None and build.library is not None
-        verdict: Verdict = judge_for(self.device, self.settings).request(
-            "evaluate", task, build.library
-        )
+        deadline = time.time() + self.queue_timeout_s if self.queue_timeout_s is not None else None
+        handle = judge_for(self.device, self.settings)
+        verdict: Verdict = handle.submit(
+            "evaluate", task, build.library, deadline=deadline
+        ).result()
         latency, baseline = verdict.latency_ms, verdict.baseline_latency_ms
         return Outcome(
             task_id=task.id,
@@ -148,7 +228,16 @@ class LocalGPUEvaluator:
             profile=verdict.profile,
             worker_log=verdict.worker_log,
             seconds=time.perf_counter() - started,
+            stage_seconds={"compile": build.seconds, **verdict.stage_seconds},
         )
+
+    def submit(self, task: Task, source: str) -> Future[Outcome]:
+        """Evaluate in the background; the future holds the Outcome (or the EvaluatorError)."""
+        return _builders().submit(self.evaluate, task, source)
+
+    async def evaluate_async(self, task: Task, source: str) -> Outcome:
+        """``await evaluator.evaluate_async(task, source)``: ``submit`` for asyncio code."""
+        return await asyncio.wrap_future(self.submit(task, source))
 
     def baseline(self, task: Task) -> dict[str, float]:
         """Baseline latency (ms) per workload, measured or from the cache."""

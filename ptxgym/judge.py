@@ -15,7 +15,10 @@ import multiprocessing
 import os
 import secrets
 import tempfile
+import threading
 import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -23,6 +26,7 @@ from typing import Any
 
 from ptxgym import channel, paths
 from ptxgym.correctness import CheckReport, check_outputs
+from ptxgym.gpu_lock import exclusive_gpu
 from ptxgym.gpus import visible_gpus
 from ptxgym.outcome import Status
 from ptxgym.profile import DEFAULT_TIMEOUT_S as DEFAULT_PROFILE_TIMEOUT_S
@@ -39,7 +43,7 @@ _LOG_TAIL_CHARS = 2000
 
 @dataclass(frozen=True)
 class JudgeSettings:
-    """Deadlines, the timing protocol, and which checks beyond correctness run.
+    """Deadlines, the timing protocol, concurrency, and which checks beyond correctness run.
 
     ``memcheck``: compute-sanitizer memcheck on every candidate that ran (passed, or gave wrong
     results, or crashed; not one that hung). ``racecheck``: shared-memory race detection on
@@ -51,6 +55,12 @@ class JudgeSettings:
     warmup: int = WARMUP_CALLS
     iters: int = TIMED_CALLS
     trials: int = TRIALS
+    # Evaluations in flight in the judge at once. Their GPU stages take turns (ptxgym.gpu_lock);
+    # their CPU stages (worker and tool start-up, report reading) overlap those of others.
+    concurrency: int = 4
+    # Keep each workload's inputs seeds, references and baseline across requests (and the
+    # baseline on disk). False rebuilds them for every request: only to measure what reuse saves.
+    reuse_state: bool = True
     memcheck: bool = True
     racecheck: bool = False
     sanitizer_timeout_s: float = DEFAULT_SANITIZER_TIMEOUT_S
@@ -70,6 +80,9 @@ class Verdict:
     sanitizers: tuple[SanitizerReport, ...] = ()
     profile: InstructionProfile | None = None
     seconds: float = 0.0
+    # Wall seconds per stage: state, worker_start, gpu_wait, correctness, timing, memcheck,
+    # racecheck, profile (only the stages that ran).
+    stage_seconds: dict[str, float] = field(default_factory=dict)
 
     @property
     def latency_ms(self) -> float | None:
@@ -159,7 +172,9 @@ class Judge:
         self.folder = Path(tempfile.mkdtemp(prefix="ptxgym-judge-"))
         self.timer = Timer()
         self.states: dict[tuple[str, str], _WorkloadState] = {}
-        self.spare: _Worker | None = None
+        self._state_locks: dict[tuple[str, str], threading.Lock] = {}
+        self._mutex = threading.Lock()  # guards the two dicts above and the spares
+        self.spares: list[_Worker] = []
         properties = torch.cuda.get_device_properties(device)
         gpus = visible_gpus()
         # What the GPU, the libraries and the timing method are: read once, keyed into every
@@ -176,15 +191,19 @@ class Judge:
         self._start_spare()
 
     def _start_spare(self) -> None:
-        self.spare = _Worker(self.context, self.device, self.folder)
+        """Start a worker for a later evaluation, up to one per evaluation in flight."""
+        with self._mutex:
+            if len(self.spares) >= self.settings.concurrency:
+                return
+        worker = _Worker(self.context, self.device, self.folder)
+        with self._mutex:
+            self.spares.append(worker)
 
     def _take_worker(self) -> _Worker:
-        worker = (
-            self.spare
-            if self.spare is not None
-            else _Worker(self.context, self.device, self.folder)
-        )
-        self.spare = None
+        with self._mutex:
+            worker = self.spares.pop(0) if self.spares else None
+        if worker is None:
+            worker = _Worker(self.context, self.device, self.folder)
         try:
             worker.wait_ready(self.settings.stage_timeout_s)
         except (channel.ChannelError, _Timeout, EOFError, OSError):
@@ -197,10 +216,18 @@ class Judge:
     # Workload state: seeds, references, baselines; built once per (task, workload).
 
     def workload_state(self, task: Task, workload: WorkloadSpec) -> _WorkloadState:
+        """The state of (task, workload): built once, by one thread, while others wait for it."""
+        if not self.settings.reuse_state:
+            with exclusive_gpu(self.device):
+                return self._build_state(task, workload)
         key = (task.model_dump_json(), workload.name)
-        if key not in self.states:
-            self.states[key] = self._build_state(task, workload)
-        return self.states[key]
+        with self._mutex:
+            build_lock = self._state_locks.setdefault(key, threading.Lock())
+        with build_lock:
+            if key not in self.states:
+                with exclusive_gpu(self.device):
+                    self.states[key] = self._build_state(task, workload)
+            return self.states[key]
 
     def _build_state(self, task: Task, workload: WorkloadSpec) -> _WorkloadState:
         torch = self.torch
@@ -215,7 +242,8 @@ class Judge:
             stage.references = reference(inputs, **task.callables.params)
             if not stage.outliers:
                 trial_inputs.append(inputs)
-        cached = _baseline_cache_get(self._baseline_key(task, workload))
+        reuse = self.settings.reuse_state
+        cached = _baseline_cache_get(self._baseline_key(task, workload)) if reuse else None
         if cached is not None:
             baseline_ms, method = cached
         else:
@@ -228,7 +256,8 @@ class Judge:
                 trials=self.settings.trials,
             )
             baseline_ms, method = result.latency_ms, result.method
-            _baseline_cache_put(self._baseline_key(task, workload), baseline_ms, method)
+            if reuse:
+                _baseline_cache_put(self._baseline_key(task, workload), baseline_ms, method)
         del trial_inputs
         torch.cuda.empty_cache()
         return _WorkloadState(workload, stages, baseline_ms, method)
@@ -252,32 +281,40 @@ class Judge:
 
     def evaluate(self, task: Task, library: str) -> Verdict:
         started = time.perf_counter()
+        stages: dict[str, float] = {}
         states = [self.workload_state(task, w) for w in task.workloads]
+        stages["state"] = time.perf_counter() - started
+        mark = time.perf_counter()
         worker = self._take_worker()
+        stages["worker_start"] = time.perf_counter() - mark
         try:
-            verdict = self._run(task, library, states, worker)
+            # Correctness and timing hold the GPU: nothing else of ours runs on it meanwhile.
+            with exclusive_gpu(self.device) as waited:
+                stages["gpu_wait"] = waited
+                verdict = self._run(task, library, states, worker, stages)
         finally:
             log = worker.log_tail()
             worker.kill()
-            # Started after the timing, not during it, so its start-up cannot disturb the
-            # measurement; it overlaps the caller's next generation and compile instead.
+            # Started after the timing, not during it; its start-up overlaps other work.
             self._start_spare()
         # A crash's own words (a Python traceback, a CUDA error) help the next attempt.
         worker_log = log if verdict.status is Status.RUNTIME_ERROR else ""
-        sanitizers = tuple(
-            self._sanitize(task, library, states[0], tool)
-            for tool in self._sanitizer_tools(verdict.status)
-        )
-        verdict = _with_memory_errors(verdict, sanitizers)
+        sanitizers = []
+        for tool in self._sanitizer_tools(verdict.status):
+            sanitizers.append(self._sanitize(task, library, states[0], tool))
+            stages[tool] = sanitizers[-1].seconds
+        verdict = _with_memory_errors(verdict, tuple(sanitizers))
         profile = None
         if verdict.status is Status.PASSED and self.settings.profile:
             profile = self._profile(task, library, states[0])
+            stages["profile"] = profile.seconds
         return replace(
             verdict,
             worker_log=worker_log,
-            sanitizers=sanitizers,
+            sanitizers=tuple(sanitizers),
             profile=profile,
             seconds=time.perf_counter() - started,
+            stage_seconds=stages,
         )
 
     def _sanitizer_tools(self, status: Status) -> list[Tool]:
@@ -324,7 +361,12 @@ class Judge:
             return InstructionProfile(False, f"{type(exc).__name__}: {exc}")
 
     def _run(
-        self, task: Task, library: str, states: list[_WorkloadState], worker: _Worker
+        self,
+        task: Task,
+        library: str,
+        states: list[_WorkloadState],
+        worker: _Worker,
+        stages: dict[str, float],
     ) -> Verdict:
         job = {
             "task": task.model_dump(mode="json"),
@@ -352,6 +394,8 @@ class Judge:
         first_outputs: dict[tuple[str, str], dict[str, Any]] = {}
         timings: list[WorkloadTiming] = []
         channel.send(worker.conn, job)
+        run_started = time.perf_counter()
+        check_count = sum(len(s.stages) for s in states)  # the timed-loop re-checks come after
         timeout = self.settings.stage_timeout_s
         stage_name = "start"
         try:
@@ -426,6 +470,12 @@ class Judge:
                         )
                     )
                 del outputs
+                if kind == "check" and len(checks) == check_count:
+                    stages["correctness"] = time.perf_counter() - run_started
+                elif kind == "timing" and len(timings) == len(states):
+                    stages["timing"] = (
+                        time.perf_counter() - run_started - stages.get("correctness", 0.0)
+                    )
                 channel.send(worker.conn, {"kind": "continue"})
         except _Timeout:
             return Verdict(
@@ -475,8 +525,10 @@ class Judge:
         return Verdict(status, f"{report.workload}/{report.stage}: {summary}", checks)
 
     def close(self) -> None:
-        if self.spare is not None:
-            self.spare.kill()
+        with self._mutex:
+            spares, self.spares = self.spares, []
+        for worker in spares:
+            worker.kill()
         for log in self.folder.glob("*"):
             log.unlink(missing_ok=True)
         os.rmdir(self.folder)
@@ -552,26 +604,54 @@ def _baseline_cache_put(key: str, latency_ms: float, method: str) -> None:
     os.replace(temporary, path)
 
 
-def judge_main(conn: Connection, device: int, settings: JudgeSettings) -> None:
-    """Process entry: serve evaluation requests from the (trusted) evaluator until closed."""
+def judge_main(
+    conn: Connection,
+    device: int,
+    settings: JudgeSettings,
+    factory: Callable[[int, JudgeSettings], Judge] = Judge,
+) -> None:
+    """Process entry: serve requests from the (trusted) evaluator until its end closes.
+
+    A request is ``(kind, request_id, deadline, *arguments)``, kind ``evaluate`` or ``baseline``;
+    each is served in a thread of its own, up to ``settings.concurrency`` at once, in the order
+    received, and answered with ``(request_id, kind, payload)``. A request still queued when its
+    deadline (``time.time()`` seconds, or None) passes is answered ``expired`` and not served.
+    ``factory`` makes the judge (tests give a stand-in that needs no GPU).
+    """
     try:
-        judge = Judge(device, settings)
+        judge = factory(device, settings)
     except Exception as exc:
-        conn.send(("failed", f"{type(exc).__name__}: {exc}"))
+        conn.send((None, "failed", f"{type(exc).__name__}: {exc}"))
         return
-    conn.send(("ready", judge.device_info))
-    while True:
+    conn.send((None, "ready", judge.device_info))
+    send_lock = threading.Lock()
+
+    def answer(request_id: int, kind: str, payload: Any) -> None:
+        with send_lock:
+            conn.send((request_id, kind, payload))
+
+    def serve(kind: str, request_id: int, deadline: float | None, *arguments: Any) -> None:
+        if deadline is not None and time.time() > deadline:
+            answer(request_id, "expired", "the request waited past its deadline in the queue")
+            return
         try:
-            request = conn.recv()
-        except EOFError:
-            break
-        if request[0] == "close":
-            break
-        try:
-            if request[0] == "evaluate":
-                conn.send(("verdict", judge.evaluate(request[1], request[2])))
-            elif request[0] == "baseline":
-                conn.send(("baseline", judge.baseline_ms(request[1])))
+            if kind == "evaluate":
+                answer(request_id, "verdict", judge.evaluate(*arguments))
+            elif kind == "baseline":
+                answer(request_id, "baseline", judge.baseline_ms(*arguments))
+            else:
+                answer(request_id, "failed", f"unknown request {kind!r}")
         except Exception as exc:  # an evaluator bug or a missing dependency: report, keep serving
-            conn.send(("failed", f"{type(exc).__name__}: {exc}"))
+            answer(request_id, "failed", f"{type(exc).__name__}: {exc}")
+
+    with ThreadPoolExecutor(max_workers=settings.concurrency) as pool:
+        while True:
+            try:
+                request = conn.recv()
+            except EOFError:
+                break
+            if request[0] == "close":
+                break
+            pool.submit(serve, *request)
+        pool.shutdown(wait=False, cancel_futures=True)
     judge.close()

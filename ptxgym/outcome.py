@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from typing import Any
 
@@ -56,7 +56,8 @@ class Outcome:
     counts as qualified; ``profile`` holds the executed-opcode counts behind it. Latencies are
     sums over the task's workloads and ``speedup`` is baseline over candidate; ``timings`` has
     each workload's figures. ``checks`` holds every output comparison made, the failing one last;
-    ``sanitizers`` what compute-sanitizer's tools found.
+    ``sanitizers`` what compute-sanitizer's tools found. ``stage_seconds``: wall seconds per stage
+    (compile, state, worker_start, gpu_wait, correctness, timing, memcheck, racecheck, profile).
     """
 
     task_id: str
@@ -74,6 +75,7 @@ class Outcome:
     profile: InstructionProfile | None = None
     worker_log: str = ""
     seconds: float = 0.0
+    stage_seconds: dict[str, float] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (``info`` and trajectory records use it)."""

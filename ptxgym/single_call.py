@@ -6,7 +6,9 @@ one input set with the task's trusted generator, allocates poisoned outputs, and
 candidate once between ``cudaProfilerStart`` and ``cudaProfilerStop`` (so a profiler started with
 ``--profile-from-start off`` sees only the candidate's own launches). It never sees references.
 
-``write_job`` writes what the program needs; ``python -m ptxgym.single_call JOB`` runs it.
+It is started with CUDA_VISIBLE_DEVICES naming the one GPU it may use, and holds that GPU's lock
+(``ptxgym.gpu_lock``) only while it runs GPU work. ``write_job`` writes what the program needs;
+``python -m ptxgym.single_call JOB`` runs it.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ def run_job(job_path: str) -> int:
     resource.setrlimit(resource.RLIMIT_FSIZE, (_MAX_FILE_BYTES, _MAX_FILE_BYTES))
     import torch
 
+    from ptxgym.gpu_lock import exclusive_gpu
     from ptxgym.worker import Entry, allocate_outputs, make_inputs
 
     job = json.loads(Path(job_path).read_text())
@@ -55,15 +58,19 @@ def run_job(job_path: str) -> int:
     workload = job["workload"]
     axes = {**task.definition.const_axes, **workload["axes"]}
     entry = Entry(job["library"], task)
-    inputs = make_inputs(task, workload, int(job["seed"]), False)
-    outputs = allocate_outputs(task, axes)
-    stream = torch.cuda.Stream()
-    torch.cuda.synchronize()
-    torch.cuda.profiler.start()
-    with torch.cuda.stream(stream):
-        code = entry(inputs, outputs, axes, stream.cuda_stream)
-    torch.cuda.synchronize()
-    torch.cuda.profiler.stop()
+    torch.zeros(1, device="cuda")  # the CUDA context, made before the GPU is taken
+    # The GPU is held only while this process uses it: the tool's and torch's start-up before,
+    # and the tool's report after, overlap other evaluations' GPU work.
+    with exclusive_gpu(0):
+        inputs = make_inputs(task, workload, int(job["seed"]), False)
+        outputs = allocate_outputs(task, axes)
+        stream = torch.cuda.Stream()
+        torch.cuda.synchronize()
+        torch.cuda.profiler.start()
+        with torch.cuda.stream(stream):
+            code = entry(inputs, outputs, axes, stream.cuda_stream)
+        torch.cuda.synchronize()
+        torch.cuda.profiler.stop()
     return 0 if code == 0 else EXIT_ENTRY_FAILED
 
 

@@ -27,5 +27,6 @@ if [[ $what == tests || $what == all ]]; then
 fi
 if [[ $what == bench || $what == all ]]; then
   python3 benchmarks/gpu_evaluation.py --out "$out" || status=1
+  python3 benchmarks/throughput.py --out "$out" | tee "$out/throughput.md" || status=1
 fi
 exit $status

@@ -1,0 +1,202 @@
+"""Evaluation at training speed: throughput, step latency by stage, workload reuse, GPU efficiency.
+
+Run on a GPU host: ``python benchmarks/throughput.py --out DIR`` (scripts/gpu_host.sh bench runs
+it). Every step submits a distinct source (the example kernel plus a comment naming the
+trajectory and step), so every step really compiles, as in RL training. Measured:
+
+- evaluations per hour at each concurrency (trajectories stepping at once, one env each, all
+  sharing one GPU evaluator), with p50 step latency and the p50 of each stage;
+- whether the measured speedups move with concurrency (they must not: timings take turns);
+- workload reuse: the same sequential steps with the judge rebuilding each workload's inputs,
+  references and baseline for every request (``JudgeSettings(reuse_state=False)``);
+- GPU efficiency: the time the protocol's own kernel runs need (candidate latency × its calls)
+  over the GPU wall time per evaluation at the highest concurrency.
+
+Prints markdown for docs/benchmarks.md and writes OUT/throughput.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import statistics
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from ptxgym.env import PTXKernelEnv
+from ptxgym.gpu_evaluator import LocalGPUEvaluator
+from ptxgym.judge import JudgeSettings
+from ptxgym.tasks import get_task
+from ptxgym.timing import TRIALS
+
+STAGES = (
+    "compile",
+    "state",
+    "worker_start",
+    "gpu_wait",
+    "correctness",
+    "timing",
+    "memcheck",
+    "profile",
+)
+
+
+def trajectory(
+    evaluator: LocalGPUEvaluator, task_id: str, source: str, label: str, steps: int
+) -> list[dict[str, Any]]:
+    """One env stepping ``steps`` distinct sources; the per-step record of each."""
+    env = PTXKernelEnv(task_id, turns=max(steps, 1), evaluator=evaluator)
+    env.reset(seed=0)
+    records = []
+    for step in range(steps):
+        started = time.perf_counter()
+        info = env.step(f"{source}\n// {label} step {step}\n")[4]
+        outcome = info["outcome"]
+        records.append(
+            {
+                "status": info["status"],
+                "step_s": time.perf_counter() - started,
+                "speedup": outcome["speedup"],
+                "latency_ms": outcome["latency_ms"],
+                "qualified": outcome["qualified"],
+                "stages": outcome["stage_seconds"],
+            }
+        )
+    env.close()
+    return records
+
+
+def run_level(
+    evaluator: LocalGPUEvaluator, task_id: str, source: str, trajectories: int, steps: int
+) -> dict[str, Any]:
+    started = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=trajectories) as pool:
+        futures = [
+            pool.submit(trajectory, evaluator, task_id, source, f"t{index}", steps)
+            for index in range(trajectories)
+        ]
+        records = [record for future in futures for record in future.result()]
+    wall = time.perf_counter() - started
+    speedups = [r["speedup"] for r in records if r["speedup"]]
+    return {
+        "trajectories": trajectories,
+        "evaluations": len(records),
+        "wall_s": wall,
+        "per_hour": len(records) / wall * 3600,
+        "statuses": sorted({r["status"] for r in records}),
+        "p50_step_s": statistics.median(r["step_s"] for r in records),
+        "p50_stage_s": {
+            stage: statistics.median(r["stages"].get(stage, 0.0) for r in records)
+            for stage in STAGES
+        },
+        "median_speedup": statistics.median(speedups) if speedups else None,
+        "speedups": speedups,
+        "latency_ms": statistics.median(r["latency_ms"] for r in records if r["latency_ms"]),
+        "qualified": sorted({str(r["qualified"]) for r in records}),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/out"))
+    parser.add_argument("--task", default="PTX-H100-GEMM")
+    parser.add_argument("--example", type=Path, default=Path("examples/expert/gemm.cu"))
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16, 48])
+    parser.add_argument("--reuse-steps", type=int, default=4, help="steps per reuse setting")
+    parser.add_argument("--judge-concurrency", type=int, default=8)
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    source = args.example.read_text()
+    task = get_task(args.task)
+    settings = JudgeSettings(concurrency=args.judge_concurrency)
+    evaluator = LocalGPUEvaluator(settings=settings)
+    results: dict[str, Any] = {
+        "date": datetime.date.today().isoformat(),
+        "device": evaluator.device_info(),
+        "task": args.task,
+        "example": str(args.example),
+        "settings": settings.__dict__,
+    }
+    out = args.out / "throughput.json"
+    # A first step starts the judge and builds the workload state (baseline included).
+    results["first_step"] = trajectory(evaluator, args.task, source, "warm-up", 1)[0]
+    # Workload reuse: sequential steps of the correctness and timing stages alone (no sanitizer
+    # or profile, whose cost does not depend on the state), with and without reuse.
+    reuse = {}
+    for label, reuse_state in (("reuse", True), ("rebuild", False)):
+        plain = JudgeSettings(memcheck=False, profile=False, reuse_state=reuse_state)
+        sequential = LocalGPUEvaluator(settings=plain)
+        trajectory(sequential, args.task, source, f"{label}-warm-up", 1)
+        reuse[label] = run_level(sequential, args.task, source, 1, args.reuse_steps)
+    results["reuse"] = reuse
+    out.write_text(json.dumps(results, indent=1))
+
+    levels = []
+    for trajectories in args.concurrency:
+        steps = 3 if trajectories == 1 else max(1, 16 // trajectories)
+        levels.append(run_level(evaluator, args.task, source, trajectories, steps))
+        results["levels"] = levels
+        out.write_text(json.dumps(results, indent=1))
+        print(json.dumps({k: v for k, v in levels[-1].items() if k != "speedups"}), flush=True)
+
+    calls_per_evaluation = (
+        (TRIALS + 1)  # the correctness checks
+        + settings.warmup
+        + settings.iters * settings.trials
+        + int(settings.memcheck)
+        + int(settings.profile)
+    ) * len(task.workloads)
+    busiest = max(levels, key=lambda level: level["per_hour"])
+    needed_s = busiest["latency_ms"] / 1000 * calls_per_evaluation
+    gpu_wall_s = busiest["wall_s"] / busiest["evaluations"]
+    results["gpu_efficiency"] = {
+        "needed_s": needed_s,
+        "gpu_wall_s_per_evaluation": gpu_wall_s,
+        "efficiency": needed_s / gpu_wall_s,
+        "at_trajectories": busiest["trajectories"],
+    }
+    out.write_text(json.dumps(results, indent=1))
+    report(results)
+
+
+def report(results: dict[str, Any]) -> None:
+    print(f"\n# Throughput, {results['date']}, {results['device']['name']}, {results['task']}")
+    print(f"example {results['example']}; first step {results['first_step']['step_s']:.1f} s\n")
+    print(
+        "| trajectories | evaluations | wall s | evaluations/hour | p50 step s | median speedup |"
+    )
+    print("|---|---|---|---|---|---|")
+    base = results["levels"][0]
+    for level in results["levels"]:
+        print(
+            f"| {level['trajectories']} | {level['evaluations']} | {level['wall_s']:.1f} "
+            f"| {level['per_hour']:.0f} ({level['per_hour'] / base['per_hour']:.2f}x) "
+            f"| {level['p50_step_s']:.2f} | {level['median_speedup']:.4f} |"
+        )
+    print("\np50 seconds per stage:\n")
+    print("| trajectories | " + " | ".join(STAGES) + " |")
+    print("|---" * (len(STAGES) + 1) + "|")
+    for level in results["levels"]:
+        cells = " | ".join(f"{level['p50_stage_s'][stage]:.2f}" for stage in STAGES)
+        print(f"| {level['trajectories']} | {cells} |")
+    reuse = results["reuse"]
+    gain = reuse["reuse"]["per_hour"] / reuse["rebuild"]["per_hour"]
+    print(
+        f"\nWorkload reuse (correctness + timing only, sequential): "
+        f"{reuse['reuse']['per_hour']:.0f}/h with reuse, {reuse['rebuild']['per_hour']:.0f}/h "
+        f"rebuilding per request: {gain:.2f}x"
+    )
+    efficiency = results["gpu_efficiency"]
+    print(
+        f"GPU efficiency at {efficiency['at_trajectories']} trajectories: the protocol's kernel "
+        f"runs need {efficiency['needed_s']:.3f} s per evaluation; the GPU wall time per "
+        f"evaluation is {efficiency['gpu_wall_s_per_evaluation']:.2f} s: "
+        f"{efficiency['efficiency']:.1%}"
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,82 @@
+"""One measurement at a time on a GPU, across every process of the user.
+
+Anything that runs GPU work for an evaluation (a worker's correctness and timing stages, a
+workload's references and baseline timing, the sanitizer's and the profiler's one call) holds the
+GPU's lock while it does, so no timing ever shares the GPU with other work, however many judges,
+vector-env processes or threads there are. The CPU parts around them (compiling, starting
+processes, importing torch, reading reports) run outside the lock and overlap freely.
+
+The lock is an ``flock`` on a file in ptxgym's cache folder, named after the physical GPU, so it
+holds between processes and ends with the process that holds it (a killed holder never leaves
+it locked). Waiters inside one process are served first come, first served.
+"""
+
+from __future__ import annotations
+
+import collections
+import fcntl
+import os
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from ptxgym import paths
+from ptxgym.gpus import physical_device
+
+
+class _FifoGate:
+    """A first-come-first-served mutex for the threads of this process."""
+
+    def __init__(self) -> None:
+        self._mutex = threading.Lock()
+        self._queue: collections.deque[threading.Event] = collections.deque()
+        self._held = False
+
+    def acquire(self) -> None:
+        with self._mutex:
+            if not self._held and not self._queue:
+                self._held = True
+                return
+            turn = threading.Event()
+            self._queue.append(turn)
+        turn.wait()
+
+    def release(self) -> None:
+        with self._mutex:
+            if self._queue:
+                self._queue.popleft().set()  # ownership passes straight to the next in line
+            else:
+                self._held = False
+
+
+_gates: dict[str, _FifoGate] = {}
+_gates_mutex = threading.Lock()
+
+
+def lock_path(device: int) -> Path:
+    """The lock file of CUDA device ``device`` of this process."""
+    name = physical_device(device).replace("/", "_")
+    return paths.cache_dir() / "locks" / f"gpu-{name}.lock"
+
+
+@contextmanager
+def exclusive_gpu(device: int) -> Iterator[float]:
+    """Hold GPU ``device`` for this block; yields the seconds spent waiting for it."""
+    path = lock_path(device)
+    with _gates_mutex:
+        gate = _gates.setdefault(str(path), _FifoGate())
+    started = time.perf_counter()
+    gate.acquire()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        # O_CLOEXEC: processes started while it is held (workers, compilers) must not inherit it.
+        descriptor = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(descriptor, fcntl.LOCK_EX)
+            yield time.perf_counter() - started
+        finally:
+            os.close(descriptor)  # closing releases the flock
+    finally:
+        gate.release()

@@ -1,0 +1,83 @@
+"""The evaluator–judge channel without a GPU: a stand-in judge in a real judge process.
+
+Requests from many threads are served concurrently and each answer reaches the thread that
+asked; a request that fails fails alone; a queued request past its deadline expires; when the
+judge process dies, whoever still waits gets an EvaluatorError instead of hanging.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from ptxgym.gpu_evaluator import EvaluatorError, _JudgeHandle
+from ptxgym.judge import JudgeSettings, Verdict
+from ptxgym.outcome import Status
+
+
+class StandInJudge:
+    """Answers ``evaluate(task, library)`` after ``library`` seconds, naming what it was asked."""
+
+    def __init__(self, device: int, settings: JudgeSettings) -> None:
+        self.device_info = {"name": "stand-in", "device": device}
+
+    def evaluate(self, task: str, library: str) -> Verdict:
+        if library == "boom":
+            raise ValueError("the stand-in was asked to fail")
+        if library == "die":
+            os._exit(3)
+        time.sleep(float(library))
+        return Verdict(Status.PASSED, f"{task} after {library} s")
+
+    def baseline_ms(self, task: str) -> dict[str, float]:
+        return {task: 1.0}
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.fixture
+def handle() -> _JudgeHandle:
+    judge = _JudgeHandle(0, JudgeSettings(concurrency=4), factory=StandInJudge)  # type: ignore[arg-type]
+    yield judge
+    judge.close()
+
+
+def test_answers_reach_the_thread_that_asked_and_requests_overlap(handle: _JudgeHandle) -> None:
+    assert handle.info == {"name": "stand-in", "device": 0}
+    started = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        futures = [
+            pool.submit(handle.request, "evaluate", f"task{index}", "0.5") for index in range(8)
+        ]
+        verdicts = [future.result() for future in futures]
+    assert [v.message for v in verdicts] == [f"task{index} after 0.5 s" for index in range(8)]
+    # 8 requests of 0.5 s, 4 at a time: about 1 s, not 4.
+    assert time.perf_counter() - started < 3.0
+    assert handle.request("baseline", "gemm") == {"gemm": 1.0}
+
+
+def test_a_failing_request_fails_alone(handle: _JudgeHandle) -> None:
+    bad = handle.submit("evaluate", "t", "boom")
+    good = handle.submit("evaluate", "t", "0")
+    with pytest.raises(EvaluatorError, match="asked to fail"):
+        bad.result(timeout=30)
+    assert good.result(timeout=30).status is Status.PASSED
+
+
+def test_a_request_past_its_deadline_expires(handle: _JudgeHandle) -> None:
+    expired = handle.submit("evaluate", "t", "0", deadline=time.time() - 1)
+    with pytest.raises(EvaluatorError, match="deadline"):
+        expired.result(timeout=30)
+
+
+def test_a_dead_judge_fails_pending_requests(handle: _JudgeHandle) -> None:
+    slow = handle.submit("evaluate", "t", "5")
+    handle.submit("evaluate", "t", "die")
+    with pytest.raises(EvaluatorError, match="stopped before answering"):
+        slow.result(timeout=30)
+    handle.process.join(timeout=10)
+    assert not handle.alive
