@@ -14,6 +14,7 @@ it locked). Waiters inside one process are served first come, first served.
 from __future__ import annotations
 
 import collections
+import contextlib
 import fcntl
 import os
 import threading
@@ -61,10 +62,15 @@ def lock_path(device: int) -> Path:
     return paths.cache_dir() / "locks" / f"gpu-{name}.lock"
 
 
-@contextmanager
-def exclusive_gpu(device: int) -> Iterator[float]:
+def exclusive_gpu(device: int) -> contextlib.AbstractContextManager[float]:
     """Hold GPU ``device`` for this block; yields the seconds spent waiting for it."""
-    path = lock_path(device)
+    return holding(lock_path(device))
+
+
+@contextmanager
+def holding(path: Path) -> Iterator[float]:
+    """Hold the GPU whose lock file is ``path`` (a child process is given the path, since its
+    scrubbed environment cannot locate ptxgym's cache folder)."""
     with _gates_mutex:
         gate = _gates.setdefault(str(path), _FifoGate())
     started = time.perf_counter()

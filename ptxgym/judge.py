@@ -14,6 +14,7 @@ import json
 import multiprocessing
 import os
 import secrets
+import shutil
 import tempfile
 import threading
 import time
@@ -114,10 +115,15 @@ class _Worker:
 
     def __init__(self, context: Any, device: int, folder: Path) -> None:
         folder.mkdir(parents=True, exist_ok=True)
-        self.log_path = folder / f"worker-{secrets.token_hex(4)}.log"
+        name = f"worker-{secrets.token_hex(4)}"
+        # The log sits outside the worker's own folder, which it may write (and is removed).
+        self.log_path = folder / f"{name}.log"
+        self.home = folder / name
         self.conn, child = context.Pipe()
         self.process = context.Process(
-            target=worker_main, args=(child, device, str(self.log_path)), daemon=True
+            target=worker_main,
+            args=(child, device, str(self.log_path), str(self.home)),
+            daemon=True,
         )
         self.process.start()
         child.close()
@@ -146,6 +152,7 @@ class _Worker:
         self.process.join(timeout=10)
         self.conn.close()
         self.log_path.unlink(missing_ok=True)
+        shutil.rmtree(self.home, ignore_errors=True)
 
 
 class _Timeout(Exception):
@@ -299,19 +306,26 @@ class Judge:
             self._start_spare()
         # A crash's own words (a Python traceback, a CUDA error) help the next attempt.
         worker_log = log if verdict.status is Status.RUNTIME_ERROR else ""
-        sanitizers = []
-        for tool in self._sanitizer_tools(verdict.status):
-            sanitizers.append(self._sanitize(task, library, states[0], tool))
-            stages[tool] = sanitizers[-1].seconds
-        verdict = _with_memory_errors(verdict, tuple(sanitizers))
-        profile = None
-        if verdict.status is Status.PASSED and self.settings.profile:
-            profile = self._profile(task, library, states[0])
+        # The sanitizers and the profile run at once: each is mostly process start-up, and their
+        # GPU parts take turns under the GPU lock. A profile is kept only if memcheck agrees the
+        # kernel passed.
+        tools = self._sanitizer_tools(verdict.status)
+        profiling = verdict.status is Status.PASSED and self.settings.profile
+        with ThreadPoolExecutor(max_workers=len(tools) + 1) as pool:
+            checks = [pool.submit(self._sanitize, task, library, states[0], t) for t in tools]
+            profiled = pool.submit(self._profile, task, library, states[0]) if profiling else None
+            sanitizers = tuple(check.result() for check in checks)
+            profile = profiled.result() if profiled is not None else None
+        stages.update({report.tool: report.seconds for report in sanitizers})
+        verdict = _with_memory_errors(verdict, sanitizers)
+        if profile is not None:
             stages["profile"] = profile.seconds
+            if verdict.status is not Status.PASSED:
+                profile = None
         return replace(
             verdict,
             worker_log=worker_log,
-            sanitizers=tuple(sanitizers),
+            sanitizers=sanitizers,
             profile=profile,
             seconds=time.perf_counter() - started,
             stage_seconds=stages,
@@ -529,9 +543,7 @@ class Judge:
             spares, self.spares = self.spares, []
         for worker in spares:
             worker.kill()
-        for log in self.folder.glob("*"):
-            log.unlink(missing_ok=True)
-        os.rmdir(self.folder)
+        shutil.rmtree(self.folder, ignore_errors=True)
 
 
 def _with_memory_errors(verdict: Verdict, reports: tuple[SanitizerReport, ...]) -> Verdict:

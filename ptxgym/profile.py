@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from ptxgym.gpus import physical_device
+from ptxgym.isolation import scrubbed_environment
 from ptxgym.processes import run_group
 from ptxgym.sass import family_present
 from ptxgym.single_call import write_job
@@ -150,9 +151,13 @@ def profile_candidate(
     if reader_path is None:
         return unknown(f"Nsight Compute's Python report interface was not found beside {ncu}")
     with tempfile.TemporaryDirectory(prefix="ptxgym-profile-") as folder:
-        job = write_job(Path(folder), task, library, workload, seed)
+        job = write_job(Path(folder), task, library, workload, seed, device=device)
         report = Path(folder) / "profile.ncu-rep"
-        environment = {**os.environ, "CUDA_VISIBLE_DEVICES": physical_device(device)}
+        # The profiled program runs candidate code: it gets a scrubbed environment.
+        environment = {
+            **scrubbed_environment(Path(folder)),
+            "CUDA_VISIBLE_DEVICES": physical_device(device),
+        }
         command = [
             ncu,
             "--profile-from-start",

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from ptxgym.gpus import physical_device
+from ptxgym.isolation import scrubbed_environment
 from ptxgym.processes import run_group
 from ptxgym.single_call import write_job
 from ptxgym.tasks import Task
@@ -90,7 +91,7 @@ def sanitize_candidate(
     if sanitizer is None:
         return unknown("compute-sanitizer was not found")
     with tempfile.TemporaryDirectory(prefix=f"ptxgym-{tool}-") as folder:
-        job = write_job(Path(folder), task, library, workload, seed)
+        job = write_job(Path(folder), task, library, workload, seed, device=device)
         command = [
             sanitizer,
             "--tool",
@@ -106,8 +107,8 @@ def sanitize_candidate(
             "ptxgym.single_call",
             str(job),
         ]
-        environment = {
-            **os.environ,
+        environment = {  # the program runs candidate code: a scrubbed environment
+            **scrubbed_environment(Path(folder)),
             "CUDA_VISIBLE_DEVICES": physical_device(device),
             "PYTORCH_NO_CUDA_MEMORY_CACHING": "1",
         }

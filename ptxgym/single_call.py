@@ -14,22 +14,29 @@ It is started with CUDA_VISIBLE_DEVICES naming the one GPU it may use, and holds
 from __future__ import annotations
 
 import json
-import resource
 import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from ptxgym.gpu_lock import holding, lock_path
+from ptxgym.isolation import limit_resources
 from ptxgym.tasks import Task
 
-_MAX_FILE_BYTES = 64 << 20
 EXIT_ENTRY_FAILED = 3  # the entry point returned a CUDA error
 
 
 def write_job(
-    folder: Path, task: Task, library: str, workload: Mapping[str, Any], seed: int
+    folder: Path,
+    task: Task,
+    library: str,
+    workload: Mapping[str, Any],
+    seed: int,
+    *,
+    device: int,
 ) -> Path:
-    """Write the job file for one call: the task, the library, the workload and the seed."""
+    """Write the job file for one call: the task, the library, the workload, the seed, and the
+    lock file of GPU ``device`` (of this process) that the call must hold."""
     job = folder / "job.json"
     job.write_text(
         json.dumps(
@@ -38,6 +45,7 @@ def write_job(
                 "library": library,
                 "workload": dict(workload),
                 "seed": seed,
+                "gpu_lock": str(lock_path(device)),
             }
         )
     )
@@ -47,10 +55,9 @@ def write_job(
 def run_job(job_path: str) -> int:
     """Make the inputs and call the candidate once; 0 when the entry point returned success."""
     # A printf flood ends this process instead of filling the disk (as in the worker).
-    resource.setrlimit(resource.RLIMIT_FSIZE, (_MAX_FILE_BYTES, _MAX_FILE_BYTES))
+    limit_resources()
     import torch
 
-    from ptxgym.gpu_lock import exclusive_gpu
     from ptxgym.worker import Entry, allocate_outputs, make_inputs
 
     job = json.loads(Path(job_path).read_text())
@@ -61,7 +68,7 @@ def run_job(job_path: str) -> int:
     torch.zeros(1, device="cuda")  # the CUDA context, made before the GPU is taken
     # The GPU is held only while this process uses it: the tool's and torch's start-up before,
     # and the tool's report after, overlap other evaluations' GPU work.
-    with exclusive_gpu(0):
+    with holding(Path(job["gpu_lock"])):
         inputs = make_inputs(task, workload, int(job["seed"]), False)
         outputs = allocate_outputs(task, axes)
         stream = torch.cuda.Stream()

@@ -14,12 +14,13 @@ import ctypes
 import faulthandler
 import importlib
 import os
-import resource
 from collections.abc import Callable
 from multiprocessing.connection import Connection
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ptxgym import channel
+from ptxgym.isolation import confine
 from ptxgym.tasks import Task
 from ptxgym.timing import Timer
 
@@ -27,7 +28,6 @@ if TYPE_CHECKING:
     import torch
 
 _POISON = float("nan")
-_MAX_FILE_BYTES = 64 << 20
 _TORCH_DTYPES = {"bfloat16": "bfloat16", "float32": "float32", "int32": "int32"}
 
 
@@ -114,13 +114,15 @@ def error_name(code: int) -> str:
         return f"error {code}"
 
 
-def worker_main(conn: Connection, device: int, log_path: str) -> None:
+def worker_main(conn: Connection, device: int, log_path: str, home: str) -> None:
     """Process entry: set up, report ready, serve one job, exit."""
     log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     os.dup2(log, 1)
     os.dup2(log, 2)
-    # A printf flood ends the worker (SIGXFSZ, a RUNTIME_ERROR) instead of filling the disk.
-    resource.setrlimit(resource.RLIMIT_FSIZE, (_MAX_FILE_BYTES, _MAX_FILE_BYTES))
+    # Before anything of the candidate's can run: a scrubbed environment, its own folder, file
+    # and core limits (a printf flood ends the worker with SIGXFSZ, a RUNTIME_ERROR), and no
+    # network where the OS allows.
+    confine(Path(home))
     faulthandler.enable()
     import torch
 

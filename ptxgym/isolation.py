@@ -1,0 +1,87 @@
+"""Least privilege for the processes that run candidate code (the worker, the single-call runs).
+
+- A scrubbed environment: only what CUDA, Python and the tools need (PATH, the library path,
+  CUDA_*/NVIDIA_* settings, the Python path, locale). Nothing else reaches candidate code: no
+  tokens, credentials or cache paths of the user. HOME and TMPDIR point at the process's own
+  temporary folder, which is also its working directory.
+- Resource limits: at most 64 MiB to any file (a printf flood ends the process instead of
+  filling the disk) and no core files.
+- No network where the OS allows it: the worker unshares its network namespace (this needs
+  CAP_SYS_ADMIN, e.g. root on a GPU host; without it the worker keeps the host's network, which
+  the build's host-call allow-list already keeps candidates from using). The single-call
+  processes cannot: Nsight Compute and compute-sanitizer talk to the program they run over
+  local sockets.
+
+docs/security.md lists what this does not cover.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+from pathlib import Path
+
+MAX_FILE_BYTES = 64 << 20
+_KEPT_NAMES = frozenset(
+    {
+        "PATH",
+        "LD_LIBRARY_PATH",
+        "PYTHONPATH",
+        "PYTHONHOME",
+        "PYTHONUNBUFFERED",
+        "VIRTUAL_ENV",
+        "LANG",
+        "LC_ALL",
+        "CUDA_HOME",
+        "CUDA_PATH",
+        "CUDA_VISIBLE_DEVICES",
+        "CUDA_MODULE_LOADING",
+        "CUDA_DEVICE_ORDER",
+    }
+)
+_KEPT_PREFIXES = ("NVIDIA_", "CUDA_", "NCCL_", "TORCH_SYMM_MEM_", "NVSHMEM_")
+
+
+def scrubbed_environment(folder: Path, base: dict[str, str] | None = None) -> dict[str, str]:
+    """``base`` (default: this process's environment) cut to what candidate processes need, with
+    HOME and TMPDIR at ``folder``."""
+    source = dict(os.environ) if base is None else base
+    kept = {
+        name: value
+        for name, value in source.items()
+        if name in _KEPT_NAMES or name.startswith(_KEPT_PREFIXES)
+    }
+    return {**kept, "HOME": str(folder), "TMPDIR": str(folder)}
+
+
+def confine(folder: Path) -> dict[str, bool]:
+    """Confine this process before it loads candidate code: scrubbed environment, ``folder`` as
+    working directory, file-size and core limits, and its own network namespace when allowed.
+    Returns which of the optional steps took effect."""
+    folder.mkdir(parents=True, exist_ok=True)
+    environment = scrubbed_environment(folder)
+    for name in list(os.environ):
+        if name not in environment:
+            del os.environ[name]  # unsetenv: the C library's environ changes too
+    os.environ.update(environment)
+    os.chdir(folder)
+    limit_resources()
+    return {"network_isolated": _unshare_network()}
+
+
+def limit_resources() -> None:
+    """At most 64 MiB to any file, and no core files."""
+    resource.setrlimit(resource.RLIMIT_FSIZE, (MAX_FILE_BYTES, MAX_FILE_BYTES))
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+
+
+def _unshare_network() -> bool:
+    unshare = getattr(os, "unshare", None)  # Python >= 3.12, Linux
+    flag = getattr(os, "CLONE_NEWNET", None)
+    if unshare is None or flag is None:
+        return False
+    try:
+        unshare(flag)
+    except OSError:
+        return False
+    return True
