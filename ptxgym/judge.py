@@ -31,9 +31,9 @@ from ptxgym.gpu_lock import exclusive_gpu
 from ptxgym.gpus import visible_gpus
 from ptxgym.outcome import Status
 from ptxgym.profile import DEFAULT_TIMEOUT_S as DEFAULT_PROFILE_TIMEOUT_S
-from ptxgym.profile import InstructionProfile, profile_candidate
+from ptxgym.profile import InstructionProfile, PendingProfile
 from ptxgym.sanitizer import DEFAULT_TIMEOUT_S as DEFAULT_SANITIZER_TIMEOUT_S
-from ptxgym.sanitizer import SanitizerReport, Tool, sanitize_candidate
+from ptxgym.sanitizer import PendingSanitizer, SanitizerReport, Tool
 from ptxgym.tasks import Task, WorkloadSpec
 from ptxgym.timing import TIMED_CALLS, TRIALS, WARMUP_CALLS, Timer, WorkloadTiming
 from ptxgym.worker import make_inputs, resolve_callable, worker_main
@@ -291,45 +291,94 @@ class Judge:
         stages: dict[str, float] = {}
         states = [self.workload_state(task, w) for w in task.workloads]
         stages["state"] = time.perf_counter() - started
-        mark = time.perf_counter()
-        worker = self._take_worker()
-        stages["worker_start"] = time.perf_counter() - mark
+        # The sanitizer and profiler runs start now, so that their start-up (the tool, Python,
+        # torch) overlaps the evaluation; they wait for the word before touching the GPU.
+        pending = self._start_tools(task, library, states[0])
         try:
-            # Correctness and timing hold the GPU: nothing else of ours runs on it meanwhile.
-            with exclusive_gpu(self.device) as waited:
-                stages["gpu_wait"] = waited
-                verdict = self._run(task, library, states, worker, stages)
+            mark = time.perf_counter()
+            worker = self._take_worker()
+            stages["worker_start"] = time.perf_counter() - mark
+            try:
+                # Correctness and timing hold the GPU: nothing else of ours runs on it meanwhile.
+                with exclusive_gpu(self.device) as waited:
+                    stages["gpu_wait"] = waited
+                    verdict = self._run(task, library, states, worker, stages)
+            finally:
+                log = worker.log_tail()
+                worker.kill()
+                # Started after the timing, not during it; its start-up overlaps other work.
+                self._start_spare()
+            sanitizers, profile = self._finish_tools(pending, verdict.status)
         finally:
-            log = worker.log_tail()
-            worker.kill()
-            # Started after the timing, not during it; its start-up overlaps other work.
-            self._start_spare()
-        # A crash's own words (a Python traceback, a CUDA error) help the next attempt.
-        worker_log = log if verdict.status is Status.RUNTIME_ERROR else ""
-        # The sanitizers and the profile run at once: each is mostly process start-up, and their
-        # GPU parts take turns under the GPU lock. A profile is kept only if memcheck agrees the
-        # kernel passed.
-        tools = self._sanitizer_tools(verdict.status)
-        profiling = verdict.status is Status.PASSED and self.settings.profile
-        with ThreadPoolExecutor(max_workers=len(tools) + 1) as pool:
-            checks = [pool.submit(self._sanitize, task, library, states[0], t) for t in tools]
-            profiled = pool.submit(self._profile, task, library, states[0]) if profiling else None
-            sanitizers = tuple(check.result() for check in checks)
-            profile = profiled.result() if profiled is not None else None
+            for run in pending.values():
+                run.cancel()
         stages.update({report.tool: report.seconds for report in sanitizers})
         verdict = _with_memory_errors(verdict, sanitizers)
         if profile is not None:
             stages["profile"] = profile.seconds
             if verdict.status is not Status.PASSED:
-                profile = None
+                profile = None  # memcheck overruled the pass
+        # A crash's own words (a Python traceback, a CUDA error) help the next attempt.
         return replace(
             verdict,
-            worker_log=worker_log,
+            worker_log=log if verdict.status is Status.RUNTIME_ERROR else "",
             sanitizers=sanitizers,
             profile=profile,
             seconds=time.perf_counter() - started,
             stage_seconds=stages,
         )
+
+    def _start_tools(
+        self, task: Task, library: str, state: _WorkloadState
+    ) -> dict[str, PendingSanitizer | PendingProfile]:
+        """Every tool run the settings may call for, started and waiting (on the first
+        workload's first trial inputs)."""
+        payload = {"axes": state.spec.axes, "sequences": state.spec.sequences}
+        seed = state.stages[0].seed
+        pending: dict[str, PendingSanitizer | PendingProfile] = {}
+        tools: list[Tool] = ["memcheck"] if self.settings.memcheck else []
+        tools += ["racecheck"] if self.settings.racecheck else []
+        for tool in tools:
+            pending[tool] = PendingSanitizer(
+                task, library, payload, seed, device=self.device, tool=tool
+            )
+        if self.settings.profile:
+            pending["profile"] = PendingProfile(task, library, payload, seed, device=self.device)
+        return pending
+
+    def _finish_tools(
+        self, pending: dict[str, PendingSanitizer | PendingProfile], status: Status
+    ) -> tuple[tuple[SanitizerReport, ...], InstructionProfile | None]:
+        """Run the tools this status calls for, all at once (their GPU parts take turns under
+        the GPU lock), and drop the others. A profile is run for a pass, and kept by the
+        caller only if memcheck agrees."""
+        wanted: set[str] = set(self._sanitizer_tools(status))
+        if status is Status.PASSED:
+            wanted.add("profile")
+        for name, run in pending.items():
+            if name not in wanted:
+                run.cancel()
+        chosen = {name: run for name, run in pending.items() if name in wanted}
+        with ThreadPoolExecutor(max_workers=max(1, len(chosen))) as pool:
+            futures = {name: pool.submit(self._finish, run) for name, run in chosen.items()}
+            results = {name: future.result() for name, future in futures.items()}
+        sanitizers = tuple(r for r in results.values() if isinstance(r, SanitizerReport))
+        profile = results.get("profile")
+        return sanitizers, profile if isinstance(profile, InstructionProfile) else None
+
+    def _finish(
+        self, run: PendingSanitizer | PendingProfile
+    ) -> SanitizerReport | InstructionProfile:
+        """Give one tool run the word; never raises (a failure is an unknown result)."""
+        try:
+            if isinstance(run, PendingProfile):
+                return run.finish(self.settings.profile_timeout_s)
+            return run.finish(self.settings.sanitizer_timeout_s)
+        except Exception as exc:
+            reason = f"{type(exc).__name__}: {exc}"
+            if isinstance(run, PendingProfile):
+                return InstructionProfile(False, reason)
+            return SanitizerReport(run.tool, False, reason=reason)
 
     def _sanitizer_tools(self, status: Status) -> list[Tool]:
         """Which compute-sanitizer tools this verdict calls for (none for a hang: it would hang
@@ -340,39 +389,6 @@ class Judge:
         if self.settings.racecheck and status.ran:
             tools.append("racecheck")
         return tools
-
-    def _sanitize(
-        self, task: Task, library: str, state: _WorkloadState, tool: Tool
-    ) -> SanitizerReport:
-        """One sanitizer run on the first workload's first trial inputs; never raises."""
-        payload = {"axes": state.spec.axes, "sequences": state.spec.sequences}
-        try:
-            return sanitize_candidate(
-                task,
-                library,
-                payload,
-                state.stages[0].seed,
-                device=self.device,
-                tool=tool,
-                timeout_s=self.settings.sanitizer_timeout_s,
-            )
-        except Exception as exc:  # an unknown memory-safety result; the step goes on
-            return SanitizerReport(tool, False, reason=f"{type(exc).__name__}: {exc}")
-
-    def _profile(self, task: Task, library: str, state: _WorkloadState) -> InstructionProfile:
-        """The instruction profile on the first workload's first trial inputs; never raises."""
-        payload = {"axes": state.spec.axes, "sequences": state.spec.sequences}
-        try:
-            return profile_candidate(
-                task,
-                library,
-                payload,
-                state.stages[0].seed,
-                device=self.device,
-                timeout_s=self.settings.profile_timeout_s,
-            )
-        except Exception as exc:  # a profile that fails is unknown, and the step goes on
-            return InstructionProfile(False, f"{type(exc).__name__}: {exc}")
 
     def _run(
         self,

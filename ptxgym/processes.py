@@ -14,47 +14,81 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
-from typing import IO
 
 HEAD_BYTES = 256 << 10  # first errors of a compiler log
 TAIL_BYTES = 64 << 10  # summaries (compute-sanitizer, ncu, Python tracebacks) come last
 
 
-def run_group(
-    command: list[str], *, env: dict[str, str], timeout_s: float, cwd: Path | None = None
-) -> tuple[int | None, str]:
-    """Exit code and combined output (head and tail when long); the code is ``None`` when the
-    deadline killed the group."""
-    with tempfile.TemporaryFile() as log:
-        process = subprocess.Popen(
+class ProcessGroup:
+    """A child started in a session (process group) of its own, its output going to a file."""
+
+    def __init__(self, command: list[str], *, env: dict[str, str], cwd: Path | None = None) -> None:
+        self._log = tempfile.TemporaryFile()  # noqa: SIM115 (lives as long as the group)
+        self.process = subprocess.Popen(
             command,
             cwd=cwd,
             env=env,
             stdin=subprocess.DEVNULL,
-            stdout=log,
+            stdout=self._log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
+
+    def wait(self, timeout_s: float) -> tuple[int | None, str]:
+        """Exit code and output (head and tail when long); the code is None when the deadline
+        passed, and the group was killed. Whatever the child left running in its group goes
+        with it either way."""
         try:
-            process.wait(timeout=timeout_s)
+            self.process.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
-            _kill_group(process)
+            self.kill()
             return None, ""
-        # Whatever the child left running in its group (a forked helper) goes with it.
-        _kill_group(process)
-        return process.returncode, _head_and_tail(log)
+        self.kill()
+        return self.process.returncode, self._output()
+
+    def kill(self) -> None:
+        """SIGKILL the group and wait until it is gone (bounded); closes the output file."""
+        try:
+            os.killpg(self.process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        else:
+            self.process.wait()
+            deadline = time.monotonic() + 10.0
+            while _group_alive(self.process.pid) and time.monotonic() < deadline:
+                time.sleep(0.02)
+        if self.process.returncode is None:
+            self.process.wait()
+
+    def _output(self) -> str:
+        log = self._log
+        size = log.seek(0, os.SEEK_END)
+        log.seek(0)
+        if size <= HEAD_BYTES + TAIL_BYTES:
+            text = log.read().decode("utf-8", "replace")
+        else:
+            head = log.read(HEAD_BYTES)
+            log.seek(size - TAIL_BYTES)
+            tail = log.read()
+            omitted = size - HEAD_BYTES - TAIL_BYTES
+            text = (
+                head.decode("utf-8", "replace")
+                + f"\n[... {omitted} bytes of output omitted ...]\n"
+                + tail.decode("utf-8", "replace")
+            )
+        log.close()
+        return text
+
+    def __del__(self) -> None:
+        self._log.close()
 
 
-def _kill_group(process: subprocess.Popen[bytes]) -> None:
-    """SIGKILL the child's process group and wait until the group is gone (bounded)."""
-    try:
-        os.killpg(process.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        return
-    process.wait()
-    deadline = time.monotonic() + 10.0
-    while _group_alive(process.pid) and time.monotonic() < deadline:
-        time.sleep(0.02)
+def run_group(
+    command: list[str], *, env: dict[str, str], timeout_s: float, cwd: Path | None = None
+) -> tuple[int | None, str]:
+    """Run ``command`` to its end: exit code and combined output (head and tail when long); the
+    code is ``None`` when the deadline killed the group."""
+    return ProcessGroup(command, env=env, cwd=cwd).wait(timeout_s)
 
 
 def _group_alive(group: int) -> bool:
@@ -68,19 +102,3 @@ def _group_alive(group: int) -> bool:
         if int(fields[2]) == group and fields[0] not in ("Z", "X"):
             return True
     return False
-
-
-def _head_and_tail(log: IO[bytes]) -> str:
-    size = log.seek(0, os.SEEK_END)
-    log.seek(0)
-    if size <= HEAD_BYTES + TAIL_BYTES:
-        return log.read().decode("utf-8", "replace")
-    head = log.read(HEAD_BYTES)
-    log.seek(size - TAIL_BYTES)
-    tail = log.read()
-    omitted = size - HEAD_BYTES - TAIL_BYTES
-    return (
-        head.decode("utf-8", "replace")
-        + f"\n[... {omitted} bytes of output omitted ...]\n"
-        + tail.decode("utf-8", "replace")
-    )

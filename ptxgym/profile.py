@@ -22,18 +22,15 @@ import json
 import os
 import shutil
 import sys
-import tempfile
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ptxgym.gpus import physical_device
-from ptxgym.isolation import scrubbed_environment
 from ptxgym.processes import run_group
 from ptxgym.sass import family_present
-from ptxgym.single_call import write_job
+from ptxgym.single_call import PendingCall
 from ptxgym.tasks import Task
 
 THREAD_METRIC = "sass__thread_inst_executed_true_per_opcode"
@@ -129,6 +126,104 @@ def _report_module_dir(ncu: str) -> Path | None:
     return next((c for c in candidates if (c / "ncu_report.py").is_file()), None)
 
 
+class PendingProfile:
+    """The profile of one call, started ahead of time (``ptxgym.single_call.PendingCall``):
+    ``finish`` gives the word and reads the report; ``cancel`` drops it."""
+
+    def __init__(
+        self,
+        task: Task,
+        library: str,
+        workload: Mapping[str, Any],
+        seed: int,
+        *,
+        device: int,
+    ) -> None:
+        self.task = task
+        self.failure: str | None = None
+        self.call: PendingCall | None = None
+        ncu = find_ncu()
+        self.reader_path = _report_module_dir(ncu) if ncu is not None else None
+        if ncu is None:
+            self.failure = "Nsight Compute (ncu) was not found"
+            return
+        if self.reader_path is None:
+            self.failure = f"Nsight Compute's Python report interface was not found beside {ncu}"
+            return
+        self.call = PendingCall(
+            task, library, workload, seed, device=device, prefix="ptxgym-profile-"
+        )
+        self.report = self.call.folder / "profile.ncu-rep"
+        self.call.start(
+            [
+                ncu,
+                "--profile-from-start",
+                "off",
+                "--clock-control",
+                "none",
+                "--target-processes",
+                "all",
+                *(argument for section in SECTIONS for argument in ("--section", section)),
+                "--metrics",
+                f"{THREAD_METRIC},{WARP_METRIC}",
+                "--export",
+                str(self.report),
+                "--force-overwrite",
+                *self.call.program,
+            ]
+        )
+
+    def finish(self, timeout_s: float = DEFAULT_TIMEOUT_S) -> InstructionProfile:
+        """Run the call under the profiler and read its report; never raises for the
+        candidate's or the profiler's failures (they give an unknown profile)."""
+        started = time.perf_counter()
+
+        def unknown(reason: str) -> InstructionProfile:
+            return InstructionProfile(False, reason, seconds=time.perf_counter() - started)
+
+        if self.failure is not None or self.call is None or self.reader_path is None:
+            return unknown(self.failure or "the profile was not started")
+        try:
+            code, output = self.call.run(timeout_s)
+            if code is None:
+                return unknown(f"the profile did not finish within {timeout_s:.0f} s")
+            if code != 0 or not self.report.is_file():
+                tail = output[-_TAIL_CHARS:]
+                return unknown(f"the profiled run failed (exit code {code}): {tail}")
+            remaining = max(30.0, timeout_s - (time.perf_counter() - started))
+            code, output = run_group(
+                [sys.executable, "-m", "ptxgym.profile", "read", str(self.report)],
+                env=_reader_environment(self.reader_path),
+                timeout_s=remaining,
+            )
+            if code != 0:
+                return unknown(f"reading the profile failed: {output[-_TAIL_CHARS:]}")
+        finally:
+            self.call.close()
+        try:
+            counts = json.loads(output.strip().splitlines()[-1])
+            thread_counts = {str(k): int(v) for k, v in counts["thread"].items()}
+            warp_counts = {str(k): int(v) for k, v in counts["warp"].items()}
+            kernels = tuple(_kernel_facts(kernel) for kernel in counts["kernels"])
+        except (ValueError, KeyError, IndexError, TypeError, AttributeError):
+            return unknown("the profile reader's output could not be parsed")
+        if not kernels:
+            return unknown("no kernel launch of the candidate was profiled")
+        return InstructionProfile(
+            True,
+            "",
+            thread_counts,
+            warp_counts,
+            kernels,
+            families_executed(self.task, thread_counts),
+            time.perf_counter() - started,
+        )
+
+    def cancel(self) -> None:
+        if self.call is not None:
+            self.call.close()
+
+
 def profile_candidate(
     task: Task,
     library: str,
@@ -139,78 +234,13 @@ def profile_candidate(
     timeout_s: float = DEFAULT_TIMEOUT_S,
 ) -> InstructionProfile:
     """Profile one call of the candidate on ``workload`` (axes and sequences) with ``seed``."""
-    started = time.perf_counter()
+    return PendingProfile(task, library, workload, seed, device=device).finish(timeout_s)
 
-    def unknown(reason: str) -> InstructionProfile:
-        return InstructionProfile(False, reason, seconds=time.perf_counter() - started)
 
-    ncu = find_ncu()
-    if ncu is None:
-        return unknown("Nsight Compute (ncu) was not found")
-    reader_path = _report_module_dir(ncu)
-    if reader_path is None:
-        return unknown(f"Nsight Compute's Python report interface was not found beside {ncu}")
-    with tempfile.TemporaryDirectory(prefix="ptxgym-profile-") as folder:
-        job = write_job(Path(folder), task, library, workload, seed, device=device)
-        report = Path(folder) / "profile.ncu-rep"
-        # The profiled program runs candidate code: it gets a scrubbed environment.
-        environment = {
-            **scrubbed_environment(Path(folder)),
-            "CUDA_VISIBLE_DEVICES": physical_device(device),
-        }
-        command = [
-            ncu,
-            "--profile-from-start",
-            "off",
-            "--clock-control",
-            "none",
-            "--target-processes",
-            "all",
-            *(argument for section in SECTIONS for argument in ("--section", section)),
-            "--metrics",
-            f"{THREAD_METRIC},{WARP_METRIC}",
-            "--export",
-            str(report),
-            "--force-overwrite",
-            sys.executable,
-            "-m",
-            "ptxgym.single_call",
-            str(job),
-        ]
-        code, output = run_group(command, env=environment, timeout_s=timeout_s, cwd=Path(folder))
-        if code is None:
-            return unknown(f"the profile did not finish within {timeout_s:.0f} s")
-        if code != 0 or not report.is_file():
-            return unknown(f"the profiled run failed (exit code {code}): {output[-_TAIL_CHARS:]}")
-        reader_environment = {
-            **os.environ,
-            "PYTHONPATH": os.pathsep.join(
-                [str(reader_path), os.environ.get("PYTHONPATH", "")]
-            ).rstrip(os.pathsep),
-        }
-        remaining = max(30.0, timeout_s - (time.perf_counter() - started))
-        command = [sys.executable, "-m", "ptxgym.profile", "read", str(report)]
-        code, output = run_group(command, env=reader_environment, timeout_s=remaining)
-        if code != 0:
-            return unknown(f"reading the profile failed: {output[-_TAIL_CHARS:]}")
-    try:
-        counts = json.loads(output.strip().splitlines()[-1])
-        thread_counts = {str(k): int(v) for k, v in counts["thread"].items()}
-        warp_counts = {str(k): int(v) for k, v in counts["warp"].items()}
-        kernels = tuple(_kernel_facts(kernel) for kernel in counts["kernels"])
-    except (ValueError, KeyError, IndexError, TypeError, AttributeError):
-        return unknown("the profile reader's output could not be parsed")
-    if not kernels:
-        return unknown("no kernel launch of the candidate was profiled")
-    return InstructionProfile(
-        True,
-        "",
-        thread_counts,
-        warp_counts,
-        kernels,
-        families_executed(task, thread_counts),
-        time.perf_counter() - started,
-    )
+def _reader_environment(reader_path: Path) -> dict[str, str]:
+    """This (trusted) process's environment, with ``ncu_report`` on the Python path."""
+    python_path = os.pathsep.join([str(reader_path), os.environ.get("PYTHONPATH", "")])
+    return {**os.environ, "PYTHONPATH": python_path.rstrip(os.pathsep)}
 
 
 def _kernel_facts(kernel: Mapping[str, Any]) -> KernelFacts:

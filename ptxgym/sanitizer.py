@@ -17,18 +17,13 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import sys
-import tempfile
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from ptxgym.gpus import physical_device
-from ptxgym.isolation import scrubbed_environment
-from ptxgym.processes import run_group
-from ptxgym.single_call import write_job
+from ptxgym.single_call import PendingCall
 from ptxgym.tasks import Task
 
 Tool = Literal["memcheck", "racecheck"]
@@ -71,6 +66,76 @@ def find_compute_sanitizer() -> str | None:
     return str(home) if home.is_file() else None
 
 
+class PendingSanitizer:
+    """One call under a compute-sanitizer tool, started ahead of time
+    (``ptxgym.single_call.PendingCall``): ``finish`` gives the word and reads the tool's
+    report; ``cancel`` drops it."""
+
+    def __init__(
+        self,
+        task: Task,
+        library: str,
+        workload: Mapping[str, Any],
+        seed: int,
+        *,
+        device: int,
+        tool: Tool = "memcheck",
+    ) -> None:
+        self.tool = tool
+        self.call: PendingCall | None = None
+        sanitizer = find_compute_sanitizer()
+        if sanitizer is None:
+            return
+        self.call = PendingCall(
+            task, library, workload, seed, device=device, prefix=f"ptxgym-{tool}-"
+        )
+        self.call.start(
+            [
+                sanitizer,
+                "--tool",
+                tool,
+                "--error-exitcode",
+                str(ERROR_EXIT_CODE),
+                "--print-limit",
+                str(MAX_FINDINGS * 4),
+                "--target-processes",
+                "application-only",
+                *self.call.program,
+            ],
+            {"PYTORCH_NO_CUDA_MEMORY_CACHING": "1"},
+        )
+
+    def finish(self, timeout_s: float = DEFAULT_TIMEOUT_S) -> SanitizerReport:
+        """Run the call under the tool; never raises for the candidate's or the tool's
+        failures (they give a report that is not ``ok``)."""
+        started = time.perf_counter()
+        tool = self.tool
+
+        def unknown(reason: str) -> SanitizerReport:
+            return SanitizerReport(
+                tool, False, reason=reason, seconds=time.perf_counter() - started
+            )
+
+        if self.call is None:
+            return unknown("compute-sanitizer was not found")
+        try:
+            code, output = self.call.run(timeout_s)
+        finally:
+            self.call.close()
+        if code is None:
+            return unknown(f"{tool} did not finish within {timeout_s:.0f} s")
+        errors = parse_error_count(output)
+        if errors is None:
+            tail = "\n".join(output.strip().splitlines()[-8:])
+            return unknown(f"{tool} ended (exit code {code}) without its summary: {tail}")
+        findings = parse_findings(output)
+        return SanitizerReport(tool, True, errors, findings, seconds=time.perf_counter() - started)
+
+    def cancel(self) -> None:
+        if self.call is not None:
+            self.call.close()
+
+
 def sanitize_candidate(
     task: Task,
     library: str,
@@ -82,45 +147,9 @@ def sanitize_candidate(
     timeout_s: float = DEFAULT_TIMEOUT_S,
 ) -> SanitizerReport:
     """Run one call of the candidate on ``workload`` with ``seed`` under ``tool``."""
-    started = time.perf_counter()
-
-    def unknown(reason: str) -> SanitizerReport:
-        return SanitizerReport(tool, False, reason=reason, seconds=time.perf_counter() - started)
-
-    sanitizer = find_compute_sanitizer()
-    if sanitizer is None:
-        return unknown("compute-sanitizer was not found")
-    with tempfile.TemporaryDirectory(prefix=f"ptxgym-{tool}-") as folder:
-        job = write_job(Path(folder), task, library, workload, seed, device=device)
-        command = [
-            sanitizer,
-            "--tool",
-            tool,
-            "--error-exitcode",
-            str(ERROR_EXIT_CODE),
-            "--print-limit",
-            str(MAX_FINDINGS * 4),
-            "--target-processes",
-            "application-only",
-            sys.executable,
-            "-m",
-            "ptxgym.single_call",
-            str(job),
-        ]
-        environment = {  # the program runs candidate code: a scrubbed environment
-            **scrubbed_environment(Path(folder)),
-            "CUDA_VISIBLE_DEVICES": physical_device(device),
-            "PYTORCH_NO_CUDA_MEMORY_CACHING": "1",
-        }
-        code, output = run_group(command, env=environment, timeout_s=timeout_s, cwd=Path(folder))
-    if code is None:
-        return unknown(f"{tool} did not finish within {timeout_s:.0f} s")
-    errors = parse_error_count(output)
-    if errors is None:
-        tail = "\n".join(output.strip().splitlines()[-8:])
-        return unknown(f"{tool} ended (exit code {code}) without its summary: {tail}")
-    findings = parse_findings(output)
-    return SanitizerReport(tool, True, errors, findings, seconds=time.perf_counter() - started)
+    return PendingSanitizer(task, library, workload, seed, device=device, tool=tool).finish(
+        timeout_s
+    )
 
 
 def parse_error_count(output: str) -> int | None:

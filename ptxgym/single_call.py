@@ -1,4 +1,4 @@
-"""One call of a candidate on one input set, as a program of its own.
+"""One call of a candidate on one input set, as a program of its own, started ahead of time.
 
 The Nsight Compute profile and compute-sanitizer both need the candidate to run under a tool that
 starts the process itself, so neither can reuse the worker. This module is that process: it makes
@@ -6,69 +6,137 @@ one input set with the task's trusted generator, allocates poisoned outputs, and
 candidate once between ``cudaProfilerStart`` and ``cudaProfilerStop`` (so a profiler started with
 ``--profile-from-start off`` sees only the candidate's own launches). It never sees references.
 
-It is started with CUDA_VISIBLE_DEVICES naming the one GPU it may use, and holds that GPU's lock
-(``ptxgym.gpu_lock``) only while it runs GPU work. ``write_job`` writes what the program needs;
-``python -m ptxgym.single_call JOB`` runs it.
+Most of such a run is start-up (the tool, Python, torch), so the judge starts it together with
+the worker's evaluation (``PendingCall``), and the program waits, without touching the GPU,
+for the word: ``go`` (the evaluation says the call is wanted) or ``stop``. After ``go`` it takes
+the GPU's lock (``ptxgym.gpu_lock``) for its GPU work only. It runs with a scrubbed environment
+in a folder of its own, and gives up waiting when the judge is gone.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import sys
+import tempfile
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from ptxgym.gpu_lock import holding, lock_path
-from ptxgym.isolation import limit_resources
+from ptxgym.gpus import physical_device
+from ptxgym.isolation import limit_resources, scrubbed_environment
+from ptxgym.processes import ProcessGroup
 from ptxgym.tasks import Task
 
 EXIT_ENTRY_FAILED = 3  # the entry point returned a CUDA error
+EXIT_NOT_WANTED = 4  # told to stop, or the judge went away, before the call
+_POLL_S = 0.005
+_MAX_WAIT_S = 3600.0
 
 
-def write_job(
-    folder: Path,
-    task: Task,
-    library: str,
-    workload: Mapping[str, Any],
-    seed: int,
-    *,
-    device: int,
-) -> Path:
-    """Write the job file for one call: the task, the library, the workload, the seed, and the
-    lock file of GPU ``device`` (of this process) that the call must hold."""
-    job = folder / "job.json"
-    job.write_text(
-        json.dumps(
-            {
-                "task": task.model_dump(mode="json"),
-                "library": library,
-                "workload": dict(workload),
-                "seed": seed,
-                "gpu_lock": str(lock_path(device)),
-            }
+class PendingCall:
+    """A single-call program started under a tool, waiting for ``run`` or ``cancel``."""
+
+    def __init__(
+        self,
+        task: Task,
+        library: str,
+        workload: Mapping[str, Any],
+        seed: int,
+        *,
+        device: int,
+        prefix: str,
+    ) -> None:
+        self.folder = Path(tempfile.mkdtemp(prefix=prefix))
+        self.device = device
+        self._go = self.folder / "go"
+        self._stop = self.folder / "stop"
+        job = {
+            "task": task.model_dump(mode="json"),
+            "library": library,
+            "workload": dict(workload),
+            "seed": seed,
+            "gpu_lock": str(lock_path(device)),
+            "go": str(self._go),
+            "stop": str(self._stop),
+            "judge_pid": os.getpid(),
+        }
+        job_path = self.folder / "job.json"
+        job_path.write_text(json.dumps(job))
+        self.program = [sys.executable, "-m", "ptxgym.single_call", str(job_path)]
+        self.group: ProcessGroup | None = None
+
+    def start(self, command: list[str], environment: Mapping[str, str] | None = None) -> None:
+        """Start ``command`` (the tool, ending with ``self.program``) in a scrubbed environment
+        (plus ``environment``) with the folder as working directory."""
+        self.group = ProcessGroup(
+            command,
+            env={
+                **scrubbed_environment(self.folder),
+                "CUDA_VISIBLE_DEVICES": physical_device(self.device),
+                **(environment or {}),
+            },
+            cwd=self.folder,
         )
-    )
-    return job
+
+    def run(self, timeout_s: float) -> tuple[int | None, str]:
+        """Give the word and wait for the end: exit code (None past the deadline) and output."""
+        assert self.group is not None, "start() first"
+        self._go.touch()
+        return self.group.wait(timeout_s)
+
+    def cancel(self) -> None:
+        """Tell the program the call is not wanted, and make sure the group is gone."""
+        self._stop.touch()
+        if self.group is not None:
+            self.group.kill()
+
+    def close(self) -> None:
+        """Cancel if still waiting, and remove the folder (with anything the tool wrote)."""
+        if self.group is not None and self.group.process.poll() is None:
+            self.cancel()
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def _wait_for_word(job: Mapping[str, Any]) -> bool:
+    """True on ``go``; False on ``stop``, when the judge is gone, or after the longest wait."""
+    go, stop = Path(job["go"]), Path(job["stop"])
+    deadline = time.monotonic() + _MAX_WAIT_S
+    while time.monotonic() < deadline:
+        if stop.exists():
+            return False
+        if go.exists():
+            return True
+        try:
+            os.kill(int(job["judge_pid"]), 0)
+        except ProcessLookupError:
+            return False
+        time.sleep(_POLL_S)
+    return False
 
 
 def run_job(job_path: str) -> int:
-    """Make the inputs and call the candidate once; 0 when the entry point returned success."""
+    """Wait for the word, then make the inputs and call the candidate once."""
     # A printf flood ends this process instead of filling the disk (as in the worker).
     limit_resources()
-    import torch
+    job = json.loads(Path(job_path).read_text())
+    import torch  # the slow part of the start-up, done while waiting is still cheap
 
     from ptxgym.worker import Entry, allocate_outputs, make_inputs
 
-    job = json.loads(Path(job_path).read_text())
+    if not _wait_for_word(job):
+        return EXIT_NOT_WANTED
     task = Task.model_validate(job["task"])
     workload = job["workload"]
     axes = {**task.definition.const_axes, **workload["axes"]}
-    entry = Entry(job["library"], task)
     torch.zeros(1, device="cuda")  # the CUDA context, made before the GPU is taken
-    # The GPU is held only while this process uses it: the tool's and torch's start-up before,
-    # and the tool's report after, overlap other evaluations' GPU work.
+    # The GPU is held only while this process uses it: start-up before and the tool's report
+    # after overlap other evaluations' GPU work.
     with holding(Path(job["gpu_lock"])):
+        entry = Entry(job["library"], task)
         inputs = make_inputs(task, workload, int(job["seed"]), False)
         outputs = allocate_outputs(task, axes)
         stream = torch.cuda.Stream()
