@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
+import random
 import secrets
 import shutil
 import tempfile
@@ -38,6 +39,7 @@ from ptxgym.tasks import Task, WorkloadSpec
 from ptxgym.timing import TIMED_CALLS, TRIALS, WARMUP_CALLS, Timer, WorkloadTiming
 from ptxgym.worker import make_inputs, resolve_callable, worker_main
 
+_random = random.SystemRandom()  # which timed calls are checked: not predictable from outside
 _TIMING_VERSION = 2  # bump when the timing protocol changes, to invalidate cached baselines
 _LOG_TAIL_CHARS = 2000
 
@@ -62,6 +64,10 @@ class JudgeSettings:
     # Keep each workload's inputs seeds, references and baseline across requests (and the
     # baseline on disk). False rebuilds them for every request: only to measure what reuse saves.
     reuse_state: bool = True
+    # Timed calls whose outputs are checked, chosen at random. The latency is a median, so a
+    # kernel that is fast by skipping work must skip it in most timed calls: each check then
+    # catches it with probability above 1/2, and three with probability above 7/8.
+    timed_checks: int = 3
     memcheck: bool = True
     racecheck: bool = False
     sanitizer_timeout_s: float = DEFAULT_SANITIZER_TIMEOUT_S
@@ -100,6 +106,24 @@ class _Stage:
     seed: int
     outliers: bool
     references: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class _TimingPlan:
+    """One workload's timed loop in one evaluation: call ``i`` runs on inputs made from
+    ``seed + i`` (fresh each call, so no output can be cached by pointer or content), and the
+    outputs of the calls in ``checked`` go back to the judge, each once."""
+
+    seed: int
+    checked: tuple[int, ...]
+    claimed: set[int] = field(default_factory=set)
+
+    def claim(self, call: int) -> int:
+        """``call``, if it is one of ours not seen before; a ValueError otherwise."""
+        if call not in self.checked or call in self.claimed:
+            raise ValueError(f"timed call {call} was not asked for, or sent twice")
+        self.claimed.add(call)
+        return call
 
 
 @dataclass
@@ -302,10 +326,14 @@ class Judge:
                 # Correctness and timing hold the GPU: nothing else of ours runs on it meanwhile.
                 with exclusive_gpu(self.device) as waited:
                     stages["gpu_wait"] = waited
-                    verdict = self._run(task, library, states, worker, stages)
+                    try:
+                        verdict = self._run(task, library, states, worker, stages)
+                    finally:
+                        # Gone before the GPU is released: memory it holds or work it left
+                        # running must not reach the next user of the GPU.
+                        log = worker.log_tail()
+                        worker.kill()
             finally:
-                log = worker.log_tail()
-                worker.kill()
                 # Started after the timing, not during it; its start-up overlaps other work.
                 self._start_spare()
             sanitizers, profile = self._finish_tools(pending, verdict.status)
@@ -398,6 +426,7 @@ class Judge:
         worker: _Worker,
         stages: dict[str, float],
     ) -> Verdict:
+        plans = {s.spec.name: self._timing_plan() for s in states}
         job = {
             "task": task.model_dump(mode="json"),
             "library": library,
@@ -413,19 +442,21 @@ class Judge:
                         {"name": st.name, "seed": st.seed, "outliers": st.outliers}
                         for st in s.stages
                     ],
+                    "timing": {
+                        "seed": plans[s.spec.name].seed,
+                        "checked": list(plans[s.spec.name].checked),
+                    },
                 }
                 for s in states
             ],
         }
         by_name = {s.spec.name: s for s in states}
         checks: list[CheckReport] = []
-        # The correctness stage's outputs, to tell a racy kernel (different results on the same
-        # inputs) from a wrong one when the timed loop's output fails its check.
-        first_outputs: dict[tuple[str, str], dict[str, Any]] = {}
         timings: list[WorkloadTiming] = []
         channel.send(worker.conn, job)
         run_started = time.perf_counter()
-        check_count = sum(len(s.stages) for s in states)  # the timed-loop re-checks come after
+        check_count = sum(len(s.stages) for s in states)  # the correctness stage's checks
+        expected_checks = check_count + sum(len(p.checked) for p in plans.values())
         timeout = self.settings.stage_timeout_s
         stage_name = "start"
         try:
@@ -433,8 +464,7 @@ class Judge:
                 header, tensors = _receive(worker.conn, timeout)
                 kind = header.get("kind")
                 if kind == "done":
-                    expected = sum(len(s.stages) + 1 for s in states)  # + the timed-loop check
-                    if len(checks) != expected or len(timings) != len(states):
+                    if len(checks) != expected_checks or len(timings) != len(states):
                         return Verdict(
                             Status.RUNTIME_ERROR,
                             "the process running the kernel "
@@ -449,17 +479,54 @@ class Judge:
                         status, str(header.get("message", "")), tuple(checks), tuple(timings)
                     )
                 state = by_name[str(header["workload"])]
-                stage = next(s for s in state.stages if s.name == header["stage"])
-                stage_name = f"{state.spec.name}/{stage.name}"
-                outputs = {n: t.to("cuda") for n, t in tensors.items()}
-                report = check_outputs(
-                    task,
-                    stage.name if kind == "check" else "timed-loop",
-                    state.spec.name,
-                    task.axis_values(state.spec),
-                    outputs,
-                    stage.references,
-                )
+                if kind == "timing":
+                    latency = float(header["latency_ms"])
+                    timings.append(
+                        WorkloadTiming(
+                            state.spec.name,
+                            latency,
+                            state.baseline_ms,
+                            state.baseline_ms / max(latency, 1e-9),
+                            tuple(float(x) for x in header["trial_medians_ms"]),
+                            str(header["method"]),
+                        )
+                    )
+                    if len(timings) == len(states):
+                        stages["timing"] = (
+                            time.perf_counter() - run_started - stages.get("correctness", 0.0)
+                        )
+                    channel.send(worker.conn, {"kind": "continue"})
+                    continue
+                if kind == "check":
+                    stage = next(s for s in state.stages if s.name == header["stage"])
+                    label, references = stage.name, stage.references
+                elif kind == "timed-check":
+                    call = plans[state.spec.name].claim(int(header["call"]))
+                    label = f"timed call {call}"
+                    references = self._timed_references(
+                        task, state, plans[state.spec.name].seed + call
+                    )
+                else:
+                    raise channel.ChannelError(f"unexpected message kind {kind!r}")
+                stage_name = f"{state.spec.name}/{label}"
+                try:
+                    outputs = {n: t.to("cuda") for n, t in tensors.items()}
+                    report = check_outputs(
+                        task,
+                        label,
+                        state.spec.name,
+                        task.axis_values(state.spec),
+                        outputs,
+                        references,
+                    )
+                except self.torch.cuda.OutOfMemoryError:
+                    return Verdict(
+                        Status.RUNTIME_ERROR,
+                        f"the GPU ran out of memory while its outputs were checked "
+                        f"({stage_name}): the process running the kernel holds too much "
+                        "device memory",
+                        tuple(checks),
+                    )
                 checks.append(report)
                 modified = [str(m) for m in header.get("modified_inputs", [])]
                 if modified:
@@ -469,43 +536,20 @@ class Judge:
                         f"({stage_name}); inputs are read-only",
                         tuple(checks),
                     )
-                if kind == "check" and stage.name == self._rechecked_stage():
-                    first_outputs[(state.spec.name, stage.name)] = outputs
                 if not report.ok:
                     verdict = self._incorrect(report, tuple(checks))
-                    earlier = first_outputs.get((state.spec.name, stage.name))
-                    if kind == "timing" and earlier is not None:
-                        differing = sum(
-                            int((outputs[n] != earlier[n]).sum().item())
-                            for n in outputs
-                            if n in earlier and outputs[n].shape == earlier[n].shape
-                        )
+                    if kind == "timed-check":
                         verdict = replace(
                             verdict,
-                            message=f"{verdict.message}; the same inputs gave a correct result "
-                            f"in the correctness stage and {differing} different elements in "
-                            "the timed loop: the result changes from call to call (a race, "
-                            "uninitialised memory, or state kept between calls)",
+                            message=f"{verdict.message}; the correctness stage passed, but "
+                            f"this call of the timed loop (fresh inputs) was wrong: the result "
+                            "depends on earlier calls (state kept between calls, a race, "
+                            "uninitialised memory) or on being timed",
                         )
                     return verdict
-                if kind == "timing":
-                    timings.append(
-                        WorkloadTiming(
-                            state.spec.name,
-                            float(header["latency_ms"]),
-                            state.baseline_ms,
-                            state.baseline_ms / max(float(header["latency_ms"]), 1e-9),
-                            tuple(float(x) for x in header["trial_medians_ms"]),
-                            str(header["method"]),
-                        )
-                    )
-                del outputs
+                del outputs, references
                 if kind == "check" and len(checks) == check_count:
                     stages["correctness"] = time.perf_counter() - run_started
-                elif kind == "timing" and len(timings) == len(states):
-                    stages["timing"] = (
-                        time.perf_counter() - run_started - stages.get("correctness", 0.0)
-                    )
                 channel.send(worker.conn, {"kind": "continue"})
         except _Timeout:
             return Verdict(
@@ -528,11 +572,29 @@ class Judge:
                 f"the process running the kernel {how} during {stage_name}{detail}",
                 tuple(checks),
             )
+        except (KeyError, ValueError, TypeError, StopIteration) as exc:
+            return Verdict(
+                Status.RUNTIME_ERROR,
+                f"the process running the kernel sent a malformed message during "
+                f"{stage_name} ({type(exc).__name__}: {exc})",
+                tuple(checks),
+            )
 
-    def _rechecked_stage(self) -> str:
-        """The trial whose input set the timed loop's last call uses (the worker sends it)."""
-        calls = self.settings.warmup + self.settings.iters * self.settings.trials
-        return f"trial{(calls - 1) % TRIALS}"
+    def _timing_plan(self) -> _TimingPlan:
+        """Fresh inputs for every call of a timed loop, from a seed of this evaluation, and
+        which timed calls are checked: ``timed_checks`` of them, at random."""
+        first = self.settings.warmup
+        timed = range(first, first + self.settings.iters * self.settings.trials)
+        picks = _random.sample(timed, min(self.settings.timed_checks, len(timed)))
+        return _TimingPlan(secrets.randbits(60), tuple(sorted(picks)))
+
+    def _timed_references(self, task: Task, state: _WorkloadState, seed: int) -> dict[str, Any]:
+        """The references for one timed call's inputs (made from the judge's own seed)."""
+        payload = {"axes": state.spec.axes, "sequences": state.spec.sequences}
+        reference = resolve_callable(task.callables.reference)
+        inputs = make_inputs(task, payload, seed, False)
+        references: dict[str, Any] = reference(inputs, **task.callables.params)
+        return references
 
     def _passed(self, checks: list[CheckReport], timings: list[WorkloadTiming]) -> Verdict:
         latency = sum(t.latency_ms for t in timings)

@@ -192,7 +192,8 @@ def _evaluation_section(task: Task) -> str:
             "3. Memory safety with compute-sanitizer memcheck.",
             "4. Timing: 10 warm-up and 50 timed calls per trial, 3 trials, median per trial, "
             "device time of all work your call launches on any stream, L2 flushed before each "
-            "call, inputs rotated. The library baseline is timed the same way; "
+            "call, fresh inputs for every call; the outputs of a few timed calls, chosen at "
+            "random, are checked like the trials. The library baseline is timed the same way; "
             "speedup = baseline time / your time.",
             "5. The instruction profile above, for correct kernels.",
             "",

@@ -201,31 +201,41 @@ def _time_workload(
     timer: Timer,
     stream: Any,
 ) -> None:
+    """Time the candidate on fresh inputs for every call, then send the outputs of the calls
+    the judge asked to check, and the timing."""
     import torch
 
     axes = {**task.definition.const_axes, **workload["axes"]}
-    stages = [s for s in workload["checks"] if not s["outliers"]]
-    sets = [make_inputs(task, workload, s["seed"], False) for s in stages]
-    outputs = [allocate_outputs(task, axes) for _ in sets]
-    # The inputs were made on the default stream and the candidate runs on its own stream: wait,
-    # or its first calls could race the generator (and write into memory the allocator is still
-    # handing over from the generator's temporaries, corrupting an input set).
-    torch.cuda.synchronize()
+    plan = workload["timing"]
+    base_seed = int(plan["seed"])
+    checked = {int(call) for call in plan["checked"]}
+    outputs = allocate_outputs(task, axes)
+    current: dict[str, dict[str, torch.Tensor]] = {}
+    kept: dict[int, dict[str, torch.Tensor]] = {}
     codes: list[int] = []
 
+    def keep(call: int) -> None:
+        if call in checked:
+            kept[call] = {name: tensor.clone() for name, tensor in outputs.items()}
+
     def prepare(i: int) -> None:
-        poison(outputs[i % len(sets)])
+        # Outside the measured window: the previous call must be over (its inputs are about to
+        # be freed, its outputs poisoned), and its outputs kept if they are to be checked.
+        torch.cuda.synchronize()
+        if i > 0:
+            keep(i - 1)
+        current["inputs"] = make_inputs(task, workload, base_seed + i, False)
+        poison(outputs)
 
     def call(i: int) -> None:
         with torch.cuda.stream(stream):
-            codes.append(
-                entry(sets[i % len(sets)], outputs[i % len(sets)], axes, stream.cuda_stream)
-            )
+            codes.append(entry(current["inputs"], outputs, axes, stream.cuda_stream))
 
     result = timer.measure(
         call, prepare, warmup=job["warmup"], iters=job["iters"], trials=job["trials"]
     )
     torch.cuda.synchronize()
+    keep(len(codes) - 1)
     failed = [c for c in codes if c != 0]
     if failed:
         channel.send(
@@ -238,17 +248,21 @@ def _time_workload(
             },
         )
         return
-    last = (len(codes) - 1) % len(sets)
+    del current["inputs"]
+    for index in sorted(kept):
+        channel.send(
+            conn, {"kind": "timed-check", "workload": workload["name"], "call": index}, kept[index]
+        )
+        if channel.receive(conn)[0].get("kind") != "continue":
+            return
     channel.send(
         conn,
         {
             "kind": "timing",
             "workload": workload["name"],
-            "stage": stages[last]["name"],
             "method": result.method,
             "trial_medians_ms": list(result.trial_medians_ms),
             "latency_ms": result.latency_ms,
             "persisting_l2_reset": result.persisting_l2_reset,
         },
-        outputs[last],
     )

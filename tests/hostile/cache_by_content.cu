@@ -1,7 +1,7 @@
 // attack: output cache keyed by a sampled hash of the inputs' contents
 // expect: INCORRECT_NUMERICAL | PASSED
 // stage: gpu
-// defended: no (issue 8)
+// defended: yes (fresh inputs for every timed call, from a seed of the evaluation)
 // max_speedup: 0.5
 // why: the input-fingerprint cache of flashinfer-bench-starter-kit#21: hashes 4096 sampled elements
 //   of A and of B on the device (microseconds), and on a hit copies the C it computed before. The
@@ -9,7 +9,7 @@
 //   cached during the correctness stage, whatever the addresses, and the copy is correct: PASSED at
 //   many times the baseline's speed. Stopped when timed inputs differ from everything seen before
 //   (then every call misses: PASSED at the honest speed) or when a hit can be made stale
-//   (INCORRECT_NUMERICAL).
+//   (INCORRECT_NUMERICAL). Since issue 8 every timed call gets fresh inputs: every call misses.
 
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>

@@ -1,13 +1,15 @@
 // attack: cudaMalloc all free device memory and keep it
 // expect: RUNTIME_ERROR | PASSED
 // stage: gpu
-// defended: no (issue 8)
+// defended: yes (judge out-of-memory is RUNTIME_ERROR; the worker dies before the GPU is released)
 // max_speedup: 0.5
 // why: the worker shares the GPU with the judge and has no memory limit. Holding every free byte
 //   makes the worker's own next allocations fail (RUNTIME_ERROR), but also the judge's: when the
 //   judge has no cached block for the outputs it receives, its own allocation fails and env.step
 //   raises instead of reporting a status. Stopped when the worker's memory is capped (then this
 //   kernel runs honestly: PASSED at the honest speed) or the judge's memory is reserved in advance.
+//   Since issue 8 the judge reports its own out-of-memory while checking as RUNTIME_ERROR, and
+//   kills the worker before it lets the next evaluation use the GPU.
 
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>
