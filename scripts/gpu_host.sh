@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # On a bare GPU host (no package registry): install the wheels carried in .whl/, then run the GPU
-# tests and the benchmarks. Usage: scripts/gpu_host.sh [tests|bench|all] [pytest args...]
+# tests and the benchmarks. Usage: scripts/gpu_host.sh [tests|bench|soak|all] [pytest args...]
+# (soak, the 500-step hostile soak of benchmarks/soak.py, is not part of all: it takes minutes.)
 # Results go to $OUT (default benchmarks/out): the pytest log and the benchmark JSON/markdown.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -28,5 +29,8 @@ fi
 if [[ $what == bench || $what == all ]]; then
   python3 benchmarks/gpu_evaluation.py --out "$out" || status=1
   python3 benchmarks/throughput.py --out "$out" | tee "$out/throughput.md" || status=1
+fi
+if [[ $what == soak ]]; then
+  python3 benchmarks/soak.py --out "$out" | tee "$out/soak.md" || status=1
 fi
 exit $status

@@ -1,0 +1,215 @@
+"""Soak test (issue 8): many consecutive steps on one env, hostile and honest candidates mixed.
+
+Run on a GPU host: ``python benchmarks/soak.py --out DIR [--steps 500] [--size 2048]``. The env
+is the GEMM task with a smaller workload (``--size``³, written as task data into a temporary
+data folder), so that 500 steps fit in minutes; the protocol is the GPU tests' shortened one,
+without memcheck and the profile. The candidates cycle through the expert GEMM, the naive GEMM,
+and every attack of tests/hostile/ that reaches the GPU. Measured:
+
+- every honest step is PASSED, and the expert GEMM's speedup stays stable;
+- no attack earns more reward than the naive GEMM, a plain correct kernel;
+- the judge's memory, open files and child processes, and the GPU's used memory, stay bounded
+  (sampled every 25 steps);
+- no canary file was written (an escape) and the secret never came back.
+
+Prints markdown for docs/benchmarks.md and writes OUT/soak.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import datetime
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def small_task_data(size: int) -> Path:
+    """A data folder whose GEMM task has one workload of ``size``³ (tasks are data)."""
+    root = Path(tempfile.mkdtemp(prefix="ptxgym-soak-data-"))
+    (root / "envs" / "ops").mkdir(parents=True)
+    shutil.copytree(REPO / "envs" / "targets", root / "envs" / "targets")
+    gemm = yaml.safe_load((REPO / "envs" / "ops" / "gemm.yaml").read_text())
+    for task in gemm["tasks"]:
+        task["workloads"] = [
+            {"name": f"m{size}-n{size}-k{size}", "axes": {"M": size, "N": size, "K": size}}
+        ]
+    (root / "envs" / "ops" / "gemm.yaml").write_text(yaml.safe_dump(gemm, sort_keys=False))
+    for folder in ("packs", "examples"):
+        (root / folder).symlink_to(REPO / folder)
+    return root
+
+
+def process_facts(pid: int) -> dict[str, int]:
+    """Resident memory (KiB), open files and child processes of ``pid`` (Linux /proc)."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    rss = next(int(line.split()[1]) for line in status.splitlines() if line.startswith("VmRSS"))
+    files = len(os.listdir(f"/proc/{pid}/fd"))
+    children = 0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                children += 1
+        except (OSError, IndexError, ValueError):
+            continue
+    return {"rss_kib": rss, "open_files": files, "children": children}
+
+
+def gpu_memory_used_mib() -> int:
+    out = subprocess.run(
+        ["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout
+    return int(out.split()[0]) if out.strip() else -1
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/out"))
+    parser.add_argument("--steps", type=int, default=500)
+    parser.add_argument("--size", type=int, default=2048)
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    os.environ["PTXGYM_DATA"] = str(small_task_data(args.size))
+    sys.path.insert(0, str(REPO / "tests" / "hostile"))
+    from catalogue import load_all, make_secret
+
+    from ptxgym import gpu_evaluator, paths
+    from ptxgym.env import PTXKernelEnv
+    from ptxgym.judge import JudgeSettings
+
+    settings = JudgeSettings(
+        stage_timeout_s=20.0, warmup=2, iters=5, trials=3, memcheck=False, profile=False
+    )
+    evaluator = gpu_evaluator.LocalGPUEvaluator(settings=settings)
+    env = PTXKernelEnv(
+        "PTX-H100-GEMM", turns=args.steps + 1, history="feedback-only", evaluator=evaluator
+    )
+    env.reset(seed=0)
+    secret = make_secret(Path(tempfile.mkdtemp(prefix="ptxgym-soak-secret-")))
+    canaries = paths.cache_dir() / "soak-canaries"
+    canaries.mkdir(parents=True, exist_ok=True)
+    attacks = [a for a in load_all() if a.stage == "gpu" or not a.defended]
+    honest = {
+        "expert": (REPO / "examples" / "expert" / "gemm.cu").read_text(),
+        "naive": (REPO / "examples" / "naive" / "gemm.cu").read_text(),
+    }
+    # expert, attack, naive, attack, expert, ...: honest steps right after each attack.
+    schedule: list[tuple[str, str]] = []
+    attack_index = 0
+    while len(schedule) < args.steps:
+        kind = "expert" if len(schedule) % 4 == 0 else "naive"
+        if len(schedule) % 2 == 1:
+            attack = attacks[attack_index % len(attacks)]
+            attack_index += 1
+            source = attack.render(secret.path, canaries / f"{attack.name}.canary")
+            schedule.append((f"attack:{attack.name}", source))
+        else:
+            schedule.append((kind, honest[kind]))
+
+    records: list[dict[str, Any]] = []
+    samples: list[dict[str, Any]] = []
+    started = time.perf_counter()
+    for step, (name, source) in enumerate(schedule):
+        begin = time.perf_counter()
+        try:
+            _, reward, _, _, info = env.step(source)
+            record = {
+                "step": step,
+                "candidate": name,
+                "status": info["status"],
+                "reward": float(reward),
+                "speedup": info["outcome"]["speedup"],
+                "leaked": secret.token in json.dumps(info, default=str),
+                "seconds": time.perf_counter() - begin,
+            }
+        except Exception as exc:  # a step must never raise: recorded as a failure
+            record = {"step": step, "candidate": name, "status": f"raised {exc!r}"}
+        records.append(record)
+        if step % 25 == 0 or step == len(schedule) - 1:
+            judge = gpu_evaluator.judge_for(0, settings)
+            samples.append(
+                {"step": step, **process_facts(judge.process.pid), "gpu_mib": gpu_memory_used_mib()}
+            )
+            print(json.dumps(samples[-1]), flush=True)
+    wall = time.perf_counter() - started
+    canaries_written = sorted(p.name for p in canaries.glob("*.canary"))
+    summarise(args, records, samples, canaries_written, wall)
+
+
+def summarise(
+    args: argparse.Namespace,
+    records: list[dict[str, Any]],
+    samples: list[dict[str, Any]],
+    canaries_written: list[str],
+    wall: float,
+) -> None:
+    by_kind: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
+    for record in records:
+        kind = "attack" if record["candidate"].startswith("attack:") else record["candidate"]
+        by_kind[kind][record["status"]] += 1
+    expert = [r["speedup"] for r in records if r["candidate"] == "expert" and r.get("speedup")]
+    naive_rewards = [r["reward"] for r in records if r["candidate"] == "naive" and r.get("reward")]
+    attacks = [r for r in records if r["candidate"].startswith("attack:")]
+    best_attack = max(attacks, key=lambda r: r.get("reward") or 0.0) if attacks else None
+    median = statistics.median(expert) if expert else None
+    result = {
+        "date": datetime.date.today().isoformat(),
+        "steps": len(records),
+        "size": args.size,
+        "wall_s": wall,
+        "statuses": {kind: dict(counter) for kind, counter in by_kind.items()},
+        "honest_not_passed": [
+            r for r in records if r["candidate"] in ("expert", "naive") and r["status"] != "PASSED"
+        ],
+        "expert_speedup": {
+            "median": median,
+            "max_dev_pct": max(abs(s / median - 1) for s in expert) * 100 if median else None,
+        },
+        "plain_correct_reward": max(naive_rewards) if naive_rewards else None,
+        "best_attack": best_attack,
+        "leaks": [r for r in records if r.get("leaked")],
+        "canaries_written": canaries_written,
+        "samples": samples,
+    }
+    (args.out / "soak.json").write_text(json.dumps(result, indent=1, default=str))
+    print(f"\n# Soak, {result['date']}: {len(records)} steps on one env, {wall:.0f} s\n")
+    for kind, counter in sorted(by_kind.items()):
+        print(f"- {kind}: " + ", ".join(f"{s} {n}" for s, n in sorted(counter.items())))
+    print(f"- honest steps not PASSED: {len(result['honest_not_passed'])}")
+    if median:
+        print(
+            f"- expert GEMM speedup: median {median:.4f}, largest deviation "
+            f"{result['expert_speedup']['max_dev_pct']:.2f} %"
+        )
+    if best_attack is not None:
+        print(
+            f"- best attack reward {best_attack.get('reward')} ({best_attack['candidate']}, "
+            f"{best_attack['status']}); plain correct kernel {result['plain_correct_reward']}"
+        )
+    print(f"- secret leaked: {len(result['leaks'])}; canaries written: {canaries_written or 0}")
+    first, last = samples[0], samples[-1]
+    print(
+        f"- judge: RSS {first['rss_kib'] / 1024:.0f} → {last['rss_kib'] / 1024:.0f} MiB, "
+        f"open files {first['open_files']} → {last['open_files']}, children "
+        f"{first['children']} → {last['children']}; GPU memory used {first['gpu_mib']} → "
+        f"{last['gpu_mib']} MiB"
+    )
+
+
+if __name__ == "__main__":
+    main()
