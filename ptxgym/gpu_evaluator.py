@@ -19,6 +19,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
+from multiprocessing.connection import Connection
 from typing import Any
 
 from ptxgym.compiler import DEFAULT_TIMEOUT_S
@@ -48,41 +49,70 @@ def incompatibility(task: Task, device: int = 0) -> str | None:
 
 
 class _JudgeHandle:
-    """The evaluator's end of one judge process: requests out, answers routed to their askers.
+    """The evaluator's end of one judge: requests out, answers routed to their askers.
 
     Any number of threads may have requests in flight; a reader thread hands each answer to the
     future of the request it belongs to. If the judge dies, every pending request fails with an
-    EvaluatorError and the next ``judge_for`` starts a new judge.
+    EvaluatorError and the next ``judge_for`` connects again (starting a new judge).
+    ``local`` starts a judge private to this process; ``shared`` connects to the user's judge
+    server for the GPU (``ptxgym.judge_server``).
     """
 
     def __init__(
         self,
+        conn: Connection,
+        info: dict[str, Any],
         device: int,
-        settings: JudgeSettings,
-        factory: Callable[[int, JudgeSettings], Judge] = Judge,
+        process: multiprocessing.process.BaseProcess | None = None,
     ) -> None:
-        context = multiprocessing.get_context("spawn")
-        self.conn, child = context.Pipe()
-        # Not a daemon: daemons may not have children, and the judge starts workers. It still
-        # ends with its parent: its requests channel closes, and it exits on end of file.
-        self.process = context.Process(target=judge_main, args=(child, device, settings, factory))
-        self.process.start()
-        child.close()
+        self.conn = conn
+        self.info = info
         self.device = device
+        self.process = process
         self._send_lock = threading.Lock()
         self._pending: dict[int, Future[Any]] = {}
         self._pending_lock = threading.Lock()
         self._ids = itertools.count()
-        if not self.conn.poll(_START_TIMEOUT_S):
-            self.close()
-            raise EvaluatorError(f"the judge for GPU {device} did not start")
-        _, kind, payload = self.conn.recv()
-        if kind != "ready":
-            self.close()
-            raise EvaluatorError(f"the judge for GPU {device} failed to start: {payload}")
-        self.info: dict[str, Any] = payload
         self._reader = threading.Thread(target=self._read_answers, daemon=True)
         self._reader.start()
+
+    @classmethod
+    def local(
+        cls,
+        device: int,
+        settings: JudgeSettings,
+        factory: Callable[[int, JudgeSettings], Judge] = Judge,
+    ) -> _JudgeHandle:
+        """Start a judge process of this process's own and wait until it is ready."""
+        context = multiprocessing.get_context("spawn")
+        conn, child = context.Pipe()
+        # Not a daemon: daemons may not have children, and the judge starts workers. It still
+        # ends with its parent: its requests channel closes, and it exits on end of file.
+        process = context.Process(target=judge_main, args=(child, device, settings, factory))
+        process.start()
+        child.close()
+        ready = conn.poll(_START_TIMEOUT_S)
+        kind, payload = conn.recv()[1:] if ready else ("timeout", "")
+        if kind != "ready" or not isinstance(payload, dict):
+            with contextlib.suppress(OSError):
+                conn.close()
+            process.join(timeout=30)
+            if process.is_alive():
+                process.kill()
+            how = "did not start" if kind == "timeout" else f"failed to start: {payload}"
+            raise EvaluatorError(f"the judge for GPU {device} {how}")
+        return cls(conn, payload, device, process)
+
+    @classmethod
+    def shared(cls, device: int, settings: JudgeSettings) -> _JudgeHandle:
+        """Connect to the user's shared judge of this GPU and settings, starting it if needed."""
+        from ptxgym import judge_server
+
+        try:
+            conn, info = judge_server.connect(device, settings)
+        except RuntimeError as exc:
+            raise EvaluatorError(str(exc)) from exc
+        return cls(conn, info, device)
 
     def submit(self, kind: str, *arguments: Any, deadline: float | None = None) -> Future[Any]:
         """Send one request; its future holds the answer (or an EvaluatorError)."""
@@ -125,26 +155,34 @@ class _JudgeHandle:
 
     @property
     def alive(self) -> bool:
-        return self.process.is_alive()
+        if self.process is not None:
+            return self.process.is_alive()
+        return self._reader.is_alive()
 
     def close(self) -> None:
         with contextlib.suppress(OSError, ValueError), self._send_lock:
             self.conn.send(("close",))
+        if self.process is None:
+            with contextlib.suppress(OSError):
+                self.conn.close()
+            return
         self.process.join(timeout=30)
         if self.process.is_alive():
             self.process.kill()
 
 
-_judges: dict[tuple[int, JudgeSettings], _JudgeHandle] = {}
+_judges: dict[tuple[int, JudgeSettings, bool], _JudgeHandle] = {}
 _judges_lock = threading.Lock()
 
 
-def judge_for(device: int, settings: JudgeSettings) -> _JudgeHandle:
-    """The shared judge of a GPU, started on first use and restarted if it died."""
+def judge_for(device: int, settings: JudgeSettings, shared: bool = False) -> _JudgeHandle:
+    """The judge of a GPU: this process's own (started on first use and restarted if it died),
+    or with ``shared`` the user's judge server for the GPU."""
     with _judges_lock:
-        handle = _judges.get((device, settings))
+        handle = _judges.get((device, settings, shared))
         if handle is None or not handle.alive:
-            handle = _judges[(device, settings)] = _JudgeHandle(device, settings)
+            start = _JudgeHandle.shared if shared else _JudgeHandle.local
+            handle = _judges[(device, settings, shared)] = start(device, settings)
         return handle
 
 
@@ -179,7 +217,9 @@ class LocalGPUEvaluator:
     evaluator of the process go through the one judge of the GPU, which overlaps their CPU parts
     and lets only one use the GPU at a time. ``queue_timeout_s``: how long a request may wait in
     the judge's queue before it fails with an EvaluatorError (a capacity problem, not the
-    candidate's); None waits as long as it takes.
+    candidate's); None waits as long as it takes. ``shared``: use the user's judge server for the
+    GPU (``ptxgym.judge_server``), shared with every other process that asks for it (e.g. the
+    workers of an ``AsyncVectorEnv``), instead of a judge of this process's own.
     """
 
     name = "gpu"
@@ -191,8 +231,10 @@ class LocalGPUEvaluator:
         compile_timeout_s: float = DEFAULT_TIMEOUT_S,
         settings: JudgeSettings | None = None,
         queue_timeout_s: float | None = None,
+        shared: bool = False,
     ) -> None:
         self.device = device
+        self.shared = shared
         self.compile_timeout_s = compile_timeout_s
         self.settings = settings or JudgeSettings()
         self.queue_timeout_s = queue_timeout_s
@@ -207,7 +249,7 @@ class LocalGPUEvaluator:
             return stopped
         assert build is not None and build.library is not None
         deadline = time.time() + self.queue_timeout_s if self.queue_timeout_s is not None else None
-        handle = judge_for(self.device, self.settings)
+        handle = judge_for(self.device, self.settings, self.shared)
         verdict: Verdict = handle.submit(
             "evaluate", task, build.library, deadline=deadline
         ).result()
@@ -244,11 +286,11 @@ class LocalGPUEvaluator:
         reason = incompatibility(task, self.device)
         if reason is not None:
             raise EvaluatorError(reason)
-        result: dict[str, float] = judge_for(self.device, self.settings).request("baseline", task)
+        result: dict[str, float] = judge_for(self.device, self.settings, self.shared).request("baseline", task)
         return result
 
     def device_info(self) -> dict[str, Any]:
-        return judge_for(self.device, self.settings).info
+        return judge_for(self.device, self.settings, self.shared).info
 
     def close(self) -> None:
         """The judge is shared by every evaluator of the process; it stops at exit."""

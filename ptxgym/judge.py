@@ -700,12 +700,8 @@ def judge_main(
     settings: JudgeSettings,
     factory: Callable[[int, JudgeSettings], Judge] = Judge,
 ) -> None:
-    """Process entry: serve requests from the (trusted) evaluator until its end closes.
+    """Process entry of a judge private to one evaluator process: serve ``conn`` until it closes.
 
-    A request is ``(kind, request_id, deadline, *arguments)``, kind ``evaluate`` or ``baseline``;
-    each is served in a thread of its own, up to ``settings.concurrency`` at once, in the order
-    received, and answered with ``(request_id, kind, payload)``. A request still queued when its
-    deadline (``time.time()`` seconds, or None) passes is answered ``expired`` and not served.
     ``factory`` makes the judge (tests give a stand-in that needs no GPU).
     """
     try:
@@ -714,11 +710,28 @@ def judge_main(
         conn.send((None, "failed", f"{type(exc).__name__}: {exc}"))
         return
     conn.send((None, "ready", judge.device_info))
+    with ThreadPoolExecutor(max_workers=settings.concurrency) as pool:
+        serve_connection(conn, judge, pool)
+        pool.shutdown(wait=False, cancel_futures=True)
+    judge.close()
+
+
+def serve_connection(conn: Connection, judge: Judge, pool: ThreadPoolExecutor) -> None:
+    """Answer the requests that arrive on ``conn`` until it closes or says ``close``.
+
+    A request is ``(kind, request_id, deadline, *arguments)``, kind ``evaluate`` or ``baseline``;
+    each is served by ``pool`` (in the order received, as many at once as the pool has threads)
+    and answered on ``conn`` with ``(request_id, kind, payload)``. A request still queued when its
+    deadline (``time.time()`` seconds, or None) passes is answered ``expired`` and not served.
+    """
     send_lock = threading.Lock()
 
     def answer(request_id: int, kind: str, payload: Any) -> None:
-        with send_lock:
-            conn.send((request_id, kind, payload))
+        try:
+            with send_lock:
+                conn.send((request_id, kind, payload))
+        except (OSError, ValueError):
+            pass  # the asker has gone; nobody is left to tell
 
     def serve(kind: str, request_id: int, deadline: float | None, *arguments: Any) -> None:
         if deadline is not None and time.time() > deadline:
@@ -734,14 +747,11 @@ def judge_main(
         except Exception as exc:  # an evaluator bug or a missing dependency: report, keep serving
             answer(request_id, "failed", f"{type(exc).__name__}: {exc}")
 
-    with ThreadPoolExecutor(max_workers=settings.concurrency) as pool:
-        while True:
-            try:
-                request = conn.recv()
-            except EOFError:
-                break
-            if request[0] == "close":
-                break
-            pool.submit(serve, *request)
-        pool.shutdown(wait=False, cancel_futures=True)
-    judge.close()
+    while True:
+        try:
+            request = conn.recv()
+        except (EOFError, OSError):
+            break
+        if request[0] == "close":
+            break
+        pool.submit(serve, *request)

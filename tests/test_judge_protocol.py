@@ -41,7 +41,7 @@ class StandInJudge:
 
 @pytest.fixture
 def handle() -> _JudgeHandle:
-    judge = _JudgeHandle(0, JudgeSettings(concurrency=4), factory=StandInJudge)  # type: ignore[arg-type]
+    judge = _JudgeHandle.local(0, JudgeSettings(concurrency=4), factory=StandInJudge)  # type: ignore[arg-type]
     yield judge
     judge.close()
 
