@@ -286,7 +286,8 @@ class LocalGPUEvaluator:
         reason = incompatibility(task, self.device)
         if reason is not None:
             raise EvaluatorError(reason)
-        result: dict[str, float] = judge_for(self.device, self.settings, self.shared).request("baseline", task)
+        handle = judge_for(self.device, self.settings, self.shared)
+        result: dict[str, float] = handle.request("baseline", task)
         return result
 
     def device_info(self) -> dict[str, Any]:
