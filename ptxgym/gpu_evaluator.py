@@ -25,7 +25,8 @@ from typing import Any
 from ptxgym.compiler import DEFAULT_TIMEOUT_S
 from ptxgym.evaluator import build_candidate
 from ptxgym.gpus import visible_gpus
-from ptxgym.judge import Judge, JudgeSettings, Verdict, judge_main
+from ptxgym.judge import Judge, JudgeSettings, Verdict
+from ptxgym.judge_server import connect, judge_main
 from ptxgym.outcome import Outcome
 from ptxgym.tasks import Task
 
@@ -106,10 +107,8 @@ class _JudgeHandle:
     @classmethod
     def shared(cls, device: int, settings: JudgeSettings) -> _JudgeHandle:
         """Connect to the user's shared judge of this GPU and settings, starting it if needed."""
-        from ptxgym import judge_server
-
         try:
-            conn, info = judge_server.connect(device, settings)
+            conn, info = connect(device, settings)
         except RuntimeError as exc:
             raise EvaluatorError(str(exc)) from exc
         return cls(conn, info, device)

@@ -10,7 +10,6 @@ started, serves the next candidate.
 
 from __future__ import annotations
 
-import json
 import multiprocessing
 import os
 import random
@@ -19,14 +18,14 @@ import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-from ptxgym import channel, paths
+from ptxgym import channel
+from ptxgym.baselines import baseline_key, cached_baseline, store_baseline
 from ptxgym.correctness import CheckReport, check_outputs
 from ptxgym.gpu_lock import exclusive_gpu
 from ptxgym.gpus import visible_gpus
@@ -40,7 +39,6 @@ from ptxgym.timing import TIMED_CALLS, TRIALS, WARMUP_CALLS, Timer, WorkloadTimi
 from ptxgym.worker import make_inputs, resolve_callable, worker_main
 
 _random = random.SystemRandom()  # which timed calls are checked: not predictable from outside
-_TIMING_VERSION = 2  # bump when the timing protocol changes, to invalidate cached baselines
 _LOG_TAIL_CHARS = 2000
 
 
@@ -274,7 +272,7 @@ class Judge:
             if not stage.outliers:
                 trial_inputs.append(inputs)
         reuse = self.settings.reuse_state
-        cached = _baseline_cache_get(self._baseline_key(task, workload)) if reuse else None
+        cached = cached_baseline(self._baseline_key(task, workload)) if reuse else None
         if cached is not None:
             baseline_ms, method = cached
         else:
@@ -288,7 +286,7 @@ class Judge:
             )
             baseline_ms, method = result.latency_ms, result.method
             if reuse:
-                _baseline_cache_put(self._baseline_key(task, workload), baseline_ms, method)
+                store_baseline(self._baseline_key(task, workload), baseline_ms, method)
         del trial_inputs
         torch.cuda.empty_cache()
         return _WorkloadState(workload, stages, baseline_ms, method)
@@ -302,7 +300,12 @@ class Judge:
                 libraries["flashinfer"] = flashinfer.__version__
             except ImportError:
                 pass
-        return baseline_key(self.device_info, libraries, task, workload, self.settings)
+        protocol = {
+            "warmup": self.settings.warmup,
+            "iters": self.settings.iters,
+            "trials": self.settings.trials,
+        }
+        return baseline_key(self.device_info, libraries, task, workload, protocol)
 
     def baseline_ms(self, task: Task) -> dict[str, float]:
         return {w.name: self.workload_state(task, w).baseline_ms for w in task.workloads}
@@ -635,123 +638,3 @@ def _with_memory_errors(verdict: Verdict, reports: tuple[SanitizerReport, ...]) 
     if verdict.status is not Status.PASSED:
         message += f"; the evaluation had found: {verdict.status.value}: {verdict.message}"
     return replace(verdict, status=Status.MEMORY_ERROR, message=message)
-
-
-def baseline_key(
-    device: dict[str, Any],
-    libraries: dict[str, str],
-    task: Task,
-    workload: WorkloadSpec,
-    settings: JudgeSettings,
-) -> str:
-    """What a cached baseline latency depends on: GPU, driver, libraries, problem, protocol."""
-    return json.dumps(
-        [
-            device["name"],
-            device["driver"],
-            {"torch": device["torch"], "cuda": device["cuda"], "cudnn": device["cudnn"]},
-            libraries,
-            task.callables.baseline,
-            task.callables.params,
-            # Every axis, const ones included: the head dim is a const axis, not part of the
-            # workload, and d64/d96/d128 must not share a cached baseline.
-            task.axis_values(workload),
-            workload.sequences,
-            {
-                "warmup": settings.warmup,
-                "iters": settings.iters,
-                "trials": settings.trials,
-                "version": _TIMING_VERSION,
-            },
-            device["timing_method"],
-        ],
-        sort_keys=True,
-    )
-
-
-def _baseline_cache_path() -> Path:
-    return paths.cache_dir() / "baselines.json"
-
-
-def _baseline_cache_get(key: str) -> tuple[float, str] | None:
-    try:
-        entry = json.loads(_baseline_cache_path().read_text())[key]
-        return float(entry["latency_ms"]), str(entry["method"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-
-
-def _baseline_cache_put(key: str, latency_ms: float, method: str) -> None:
-    path = _baseline_cache_path()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        data = {}
-    data[key] = {"latency_ms": latency_ms, "method": method, "measured": time.time()}
-    temporary = path.with_suffix(f".{os.getpid()}.tmp")
-    temporary.write_text(json.dumps(data, indent=1))
-    os.replace(temporary, path)
-
-
-def judge_main(
-    conn: Connection,
-    device: int,
-    settings: JudgeSettings,
-    factory: Callable[[int, JudgeSettings], Judge] = Judge,
-) -> None:
-    """Process entry of a judge private to one evaluator process: serve ``conn`` until it closes.
-
-    ``factory`` makes the judge (tests give a stand-in that needs no GPU).
-    """
-    try:
-        judge = factory(device, settings)
-    except Exception as exc:
-        conn.send((None, "failed", f"{type(exc).__name__}: {exc}"))
-        return
-    conn.send((None, "ready", judge.device_info))
-    with ThreadPoolExecutor(max_workers=settings.concurrency) as pool:
-        serve_connection(conn, judge, pool)
-        pool.shutdown(wait=False, cancel_futures=True)
-    judge.close()
-
-
-def serve_connection(conn: Connection, judge: Judge, pool: ThreadPoolExecutor) -> None:
-    """Answer the requests that arrive on ``conn`` until it closes or says ``close``.
-
-    A request is ``(kind, request_id, deadline, *arguments)``, kind ``evaluate`` or ``baseline``;
-    each is served by ``pool`` (in the order received, as many at once as the pool has threads)
-    and answered on ``conn`` with ``(request_id, kind, payload)``. A request still queued when its
-    deadline (``time.time()`` seconds, or None) passes is answered ``expired`` and not served.
-    """
-    send_lock = threading.Lock()
-
-    def answer(request_id: int, kind: str, payload: Any) -> None:
-        try:
-            with send_lock:
-                conn.send((request_id, kind, payload))
-        except (OSError, ValueError):
-            pass  # the asker has gone; nobody is left to tell
-
-    def serve(kind: str, request_id: int, deadline: float | None, *arguments: Any) -> None:
-        if deadline is not None and time.time() > deadline:
-            answer(request_id, "expired", "the request waited past its deadline in the queue")
-            return
-        try:
-            if kind == "evaluate":
-                answer(request_id, "verdict", judge.evaluate(*arguments))
-            elif kind == "baseline":
-                answer(request_id, "baseline", judge.baseline_ms(*arguments))
-            else:
-                answer(request_id, "failed", f"unknown request {kind!r}")
-        except Exception as exc:  # an evaluator bug or a missing dependency: report, keep serving
-            answer(request_id, "failed", f"{type(exc).__name__}: {exc}")
-
-    while True:
-        try:
-            request = conn.recv()
-        except (EOFError, OSError):
-            break
-        if request[0] == "close":
-            break
-        pool.submit(serve, *request)

@@ -1,4 +1,10 @@
-"""A judge shared by every process of the user: one server per GPU and settings, on a Unix socket.
+"""Serving a judge: to the one process that started it, or to every process of the user.
+
+``judge_main`` is the process entry of a judge private to one evaluator process (its requests
+come over a pipe). ``serve_connection`` answers the requests of one connection; both it and the
+shared server use it.
+
+The shared judge: one server per GPU and settings, on a Unix socket.
 
 Envs in different processes (``AsyncVectorEnv`` workers, separate training processes) that ask
 for a shared judge (``LocalGPUEvaluator(shared=True)``) all talk to the same judge process. It
@@ -34,10 +40,73 @@ from typing import Any
 
 from ptxgym import paths
 from ptxgym.gpus import physical_device
-from ptxgym.judge import Judge, JudgeSettings, serve_connection
+from ptxgym.judge import Judge, JudgeSettings
 
 IDLE_S = 120.0
 _START_TIMEOUT_S = 600.0
+
+
+def judge_main(
+    conn: Connection,
+    device: int,
+    settings: JudgeSettings,
+    factory: Callable[[int, JudgeSettings], Judge] = Judge,
+) -> None:
+    """Process entry of a judge private to one evaluator process: serve ``conn`` until it closes.
+
+    ``factory`` makes the judge (tests give a stand-in that needs no GPU).
+    """
+    try:
+        judge = factory(device, settings)
+    except Exception as exc:
+        conn.send((None, "failed", f"{type(exc).__name__}: {exc}"))
+        return
+    conn.send((None, "ready", judge.device_info))
+    with ThreadPoolExecutor(max_workers=settings.concurrency) as pool:
+        serve_connection(conn, judge, pool)
+        pool.shutdown(wait=False, cancel_futures=True)
+    judge.close()
+
+
+def serve_connection(conn: Connection, judge: Judge, pool: ThreadPoolExecutor) -> None:
+    """Answer the requests that arrive on ``conn`` until it closes or says ``close``.
+
+    A request is ``(kind, request_id, deadline, *arguments)``, kind ``evaluate`` or ``baseline``;
+    each is served by ``pool`` (in the order received, as many at once as the pool has threads)
+    and answered on ``conn`` with ``(request_id, kind, payload)``. A request still queued when its
+    deadline (``time.time()`` seconds, or None) passes is answered ``expired`` and not served.
+    """
+    send_lock = threading.Lock()
+
+    def answer(request_id: int, kind: str, payload: Any) -> None:
+        try:
+            with send_lock:
+                conn.send((request_id, kind, payload))
+        except (OSError, ValueError):
+            pass  # the asker has gone; nobody is left to tell
+
+    def serve(kind: str, request_id: int, deadline: float | None, *arguments: Any) -> None:
+        if deadline is not None and time.time() > deadline:
+            answer(request_id, "expired", "the request waited past its deadline in the queue")
+            return
+        try:
+            if kind == "evaluate":
+                answer(request_id, "verdict", judge.evaluate(*arguments))
+            elif kind == "baseline":
+                answer(request_id, "baseline", judge.baseline_ms(*arguments))
+            else:
+                answer(request_id, "failed", f"unknown request {kind!r}")
+        except Exception as exc:  # an evaluator bug or a missing dependency: report, keep serving
+            answer(request_id, "failed", f"{type(exc).__name__}: {exc}")
+
+    while True:
+        try:
+            request = conn.recv()
+        except (EOFError, OSError):
+            break
+        if request[0] == "close":
+            break
+        pool.submit(serve, *request)
 
 
 @dataclasses.dataclass(frozen=True)

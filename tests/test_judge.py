@@ -1,10 +1,13 @@
-"""The judge's pieces that need no GPU: cached-baseline keys and the worker log's tail."""
+"""The judge's pieces that need no GPU: cached baselines and the worker log's tail."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from ptxgym.judge import JudgeSettings, _Worker, baseline_key
+import pytest
+
+from ptxgym.baselines import baseline_key, cached_baseline, store_baseline
+from ptxgym.judge import _Worker
 from ptxgym.tasks import get_task
 
 
@@ -18,11 +21,23 @@ def test_cached_baselines_are_keyed_by_every_axis_and_the_protocol() -> None:
         "timing_method": "cupti",
     }
     keys = {
-        baseline_key(device, {}, get_task(task_id), get_task(task_id).workloads[0], settings)
+        baseline_key(device, {}, get_task(task_id), get_task(task_id).workloads[0], protocol)
         for task_id in ("PTX-H100-MHAFwd-d64", "PTX-H100-MHAFwd-d96", "PTX-H100-MHAFwd-d128")
-        for settings in (JudgeSettings(), JudgeSettings(iters=5))
+        for protocol in (
+            {"warmup": 10, "iters": 50, "trials": 3},
+            {"warmup": 10, "iters": 5, "trials": 3},
+        )
     }
     assert len(keys) == 6
+
+
+def test_a_stored_baseline_is_read_back(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PTXGYM_CACHE", str(tmp_path))
+    assert cached_baseline("k") is None
+    store_baseline("k", 1.25, "cupti")
+    store_baseline("other", 2.0, "host-sync")
+    assert cached_baseline("k") == (1.25, "cupti")
+    assert cached_baseline("other") == (2.0, "host-sync")
 
 
 def test_only_the_end_of_a_huge_worker_log_is_read(tmp_path: Path) -> None:
