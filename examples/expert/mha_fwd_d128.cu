@@ -54,7 +54,6 @@ constexpr int kBM = 128;        // query rows per CTA: 2 consumer warpgroups x 6
 constexpr int kBN = 128;        // keys per K/V tile
 constexpr int kStages = 3;      // depth of each of the K and V rings (3 x 64 KB still fits)
 constexpr int kThreads = 384;   // producer WG + 2 consumer WGs
-constexpr bool kPingPong = true;  // inter-warpgroup scheduling barrier (FA3)
 
 // One TMA box: [128 rows][64 bf16] = 16 KB, 128B-swizzled. A 128-wide tile is two boxes.
 constexpr uint32_t kBoxBytes = 128u * 64u * 2u;
@@ -223,20 +222,20 @@ __global__ void __launch_bounds__(kThreads, 1)
   uint32_t kph = 0, vph = 0;
 
   // Ping-pong priming: consumer 0 issues first, so consumer 1 opens consumer 0's turn.
-  if (kPingPong && g == 1) ptx::named_bar_arrive(kTurnBar + 0, 256);
+  if (g == 1) ptx::named_bar_arrive(kTurnBar + 0, 256);
 
   ptx::mbar_wait(q_full, 0);
 
   // ---- prologue: S_0 = Q K_0^T and its softmax (nothing to overlap with yet) ----
   ptx::mbar_wait(&k_full[kst], kph);
-  if (kPingPong) ptx::named_bar_sync(kTurnBar + g, 256);
+  ptx::named_bar_sync(kTurnBar + g, 256);
   ptx::fence_regs(s_acc);
   ptx::wgmma_fence();
   issue_qk(s_acc, dq, ptx::make_desc_kmajor_sw128(sK + kst * kTileBytes));
   ptx::wgmma_commit();
   // Hand the turn to the other consumer. Consumer 1's last hand-over would have no partner
   // (consumer 0 has no further sync), so it is skipped to keep the barriers balanced.
-  if (kPingPong && !(g == 1 && n_kv == 1)) ptx::named_bar_arrive(kTurnBar + (1 - g), 256);
+  if (!(g == 1 && n_kv == 1)) ptx::named_bar_arrive(kTurnBar + (1 - g), 256);
   ptx::wgmma_wait<0>();
   ptx::fence_regs(s_acc);
   if (warp_leader) ptx::mbar_arrive(&k_empty[kst]);
@@ -279,7 +278,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll 1
   for (int j = 1; j < n_kv; ++j) {
     ptx::mbar_wait(&k_full[kst], kph);
-    if (kPingPong) ptx::named_bar_sync(kTurnBar + g, 256);
+    ptx::named_bar_sync(kTurnBar + g, 256);
     ptx::fence_regs(s_acc);
     ptx::wgmma_fence();
     issue_qk(s_acc, dq, ptx::make_desc_kmajor_sw128(sK + kst * kTileBytes));
@@ -299,7 +298,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     ptx::wgmma_fence();  // O and P were written by ordinary instructions since the last wgmma
     issue_pv(o_acc, pf, ptx::make_desc_mnmajor_sw128(sV + vst * kTileBytes, kBoxBytes));
     ptx::wgmma_commit();                                   // group G_PV(j-1)
-    if (kPingPong && !(g == 1 && j == n_kv - 1)) ptx::named_bar_arrive(kTurnBar + (1 - g), 256);
+    if (!(g == 1 && j == n_kv - 1)) ptx::named_bar_arrive(kTurnBar + (1 - g), 256);
 
     ptx::wgmma_wait<1>();  // the older group G_S(j) is done; G_PV(j-1) may still run
     ptx::fence_regs(s_acc);
