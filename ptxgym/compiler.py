@@ -37,7 +37,7 @@ from ptxgym.tasks import Task, c_parameter_types
 
 DEFAULT_TIMEOUT_S = 180.0
 MAX_CACHED_BUILDS = 4000
-_RECIPE_VERSION = "3"  # bump when the build recipe changes, to invalidate cached results
+_RECIPE_VERSION = "4"  # bump when the build recipe changes, to invalidate cached results
 _MEMORY_LIMIT_BYTES = 8 << 30  # per compiler process: stops template/constexpr bombs
 _FILE_SIZE_LIMIT_BYTES = 512 << 20
 _MAX_LOG_CHARS = 6000
@@ -158,8 +158,23 @@ def _preprocess_command(task: Task) -> list[str]:
     return [*_compile_flags(task), "-E", "-o", "preprocessed.ii", _BUILD_FILE]
 
 
+# Included before the candidate: __has_include, however the candidate spells it (token pasting
+# gets past the policy's text checks), answers "no", so a build cannot tell whether a host path
+# exists. It is a "system header" so that redefining the operator raises no warning. CCCL's
+# configuration (<cuda/std/version>) is included before it, with the real operator: CCCL decides
+# with __has_include whether cuda::std supports fp16/bf16. The other CUDA and C++ headers a
+# candidate may include use it only to look for optional extras (NVTX, a libc helper).
+_NO_PROBE_HEADER_NAME = "ptxgym_no_host_probe.h"
+_NO_PROBE_HEADER = (
+    "#pragma GCC system_header\n"
+    "#define __has_include(header) 0\n"
+    "#define __has_include_next(header) 0\n"
+)
+
+
 def build_source(task: Task) -> str:
-    """Our translation unit: the candidate, then a check of its entry point's C signature."""
+    """Our translation unit: the host-probe guard, the candidate, then a check of its entry
+    point's C signature."""
     symbol = task.entry_point.symbol
     params = ", ".join(c_parameter_types(task.definition, task.entry_point))
     message = (
@@ -167,6 +182,8 @@ def build_source(task: Task) -> str:
         f"{task.entry_point.signature}"
     ).replace('"', '\\"')
     return (
+        "#include <cuda/std/version>\n"
+        f'#include "{_NO_PROBE_HEADER_NAME}"\n'
         f'#include "{CANDIDATE_FILE}"\n'
         "#include <cuda_bf16.h>\n#include <cuda_runtime.h>\n#include <type_traits>\n"
         f"static_assert(std::is_same<decltype(&{symbol}), int (*)({params})>::value ||\n"
@@ -187,6 +204,7 @@ def source_hash(source: str, task: Task) -> str:
         _RECIPE_VERSION,
         source,
         build_source(task),
+        _NO_PROBE_HEADER,
         _pack_header(task).decode("utf-8", "replace"),
         json.dumps([nvcc_command(task)[1:], link_command(task)[1:]]),
         nvcc_version(),
@@ -264,6 +282,7 @@ def _build(source: str, task: Task, key: str, work: Path, timeout_s: float) -> C
     (work / CANDIDATE_FILE).write_text(source, encoding="utf-8")
     (work / _BUILD_FILE).write_text(build_source(task), encoding="utf-8")
     (work / pack_header_name(task)).write_bytes(_pack_header(task))
+    (work / _NO_PROBE_HEADER_NAME).write_text(_NO_PROBE_HEADER, encoding="utf-8")
     command = nvcc_command(task)
 
     def result(ok: bool, log: str, **extra: object) -> CompileResult:

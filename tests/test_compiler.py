@@ -172,3 +172,34 @@ def test_errors_inside_system_headers_name_the_header_but_do_not_echo_it() -> No
     log = outcome.compile.log
     assert "(system header)" in log
     assert "/usr/" not in log and "^" not in log.replace("candidate.cu", "")
+
+
+def test_a_pasted_has_include_cannot_tell_whether_a_host_file_exists(tmp_path: Path) -> None:
+    existing = tmp_path / "exists.h"
+    existing.write_text("")
+    for path in (existing, tmp_path / "missing.h"):
+        source = (
+            HEADER
+            + "#define CAT(a, b) a##b\n"
+            + f'#if CAT(__has_, include)("{path}")\n'
+            + "#define FOUND 1\n#else\n#define FOUND 0\n#endif\n"
+            + 'static_assert(FOUND == 0, "the build saw a host file");\n'
+            + SIGNATURE
+            + " { return 0; }\n"
+        )
+        result = compile_source(source, GEMM)
+        assert result.ok, f"{path.name}: {result.log}"
+
+
+def test_cccl_headers_keep_their_bf16_support() -> None:
+    # CCCL decides with __has_include whether cuda::std supports bf16: its configuration must be
+    # made before the build turns the operator off for the candidate.
+    source = (
+        "#include <cuda/barrier>\n"
+        + HEADER
+        + 'static_assert(_CCCL_HAS_NVBF16(), "cuda::std lost bf16 support");\n'
+        + SIGNATURE
+        + " { return 0; }\n"
+    )
+    result = compile_source(source, GEMM)
+    assert result.ok, result.log
