@@ -10,6 +10,7 @@ started, serves the next candidate.
 
 from __future__ import annotations
 
+import collections
 import multiprocessing
 import os
 import random
@@ -62,6 +63,10 @@ class JudgeSettings:
     # Keep each workload's inputs seeds, references and baseline across requests (and the
     # baseline on disk). False rebuilds them for every request: only to measure what reuse saves.
     reuse_state: bool = True
+    # GPU memory the kept references may hold; beyond it the least recently used are dropped
+    # (and rebuilt when needed again). An MHA backward d128 task holds 1.6 GB (4 stages x dQ,
+    # dK, dV in float32).
+    state_budget_bytes: int = 16 << 30
     # Timed calls whose outputs are checked, chosen at random. The latency is a median, so a
     # kernel that is fast by skipping work must skip it in most timed calls: each check then
     # catches it with probability above 1/2, and three with probability above 7/8.
@@ -130,6 +135,16 @@ class _WorkloadState:
     stages: list[_Stage]
     baseline_ms: float
     baseline_method: str
+
+    @property
+    def nbytes(self) -> int:
+        """Memory held by the reference outputs (the seeds and the baseline are small)."""
+        return sum(
+            int(tensor.nbytes)
+            for stage in self.stages
+            for tensor in stage.references.values()
+            if hasattr(tensor, "nbytes")
+        )
 
 
 class _Worker:
@@ -200,7 +215,10 @@ class Judge:
         self.context = multiprocessing.get_context("spawn")
         self.folder = Path(tempfile.mkdtemp(prefix="ptxgym-judge-"))
         self.timer = Timer()
-        self.states: dict[tuple[str, str], _WorkloadState] = {}
+        # Least recently used first; evicted beyond settings.state_budget_bytes.
+        self.states: collections.OrderedDict[tuple[str, str], _WorkloadState] = (
+            collections.OrderedDict()
+        )
         self._state_locks: dict[tuple[str, str], threading.Lock] = {}
         self._mutex = threading.Lock()  # guards the two dicts above and the spares
         self.spares: list[_Worker] = []
@@ -253,10 +271,25 @@ class Judge:
         with self._mutex:
             build_lock = self._state_locks.setdefault(key, threading.Lock())
         with build_lock:
-            if key not in self.states:
-                with exclusive_gpu(self.device):
-                    self.states[key] = self._build_state(task, workload)
-            return self.states[key]
+            with self._mutex:
+                state = self.states.get(key)
+                if state is not None:
+                    self.states.move_to_end(key)
+                    return state
+            with exclusive_gpu(self.device):
+                state = self._build_state(task, workload)
+            with self._mutex:
+                self.states[key] = state
+                self._evict_states()
+            return state
+
+    def _evict_states(self) -> None:
+        """Drop the least recently used states beyond the memory budget (never the newest: a
+        state in use by an evaluation stays alive with it until that evaluation ends)."""
+        total = sum(state.nbytes for state in self.states.values())
+        while total > self.settings.state_budget_bytes and len(self.states) > 1:
+            _, evicted = self.states.popitem(last=False)
+            total -= evicted.nbytes
 
     def _build_state(self, task: Task, workload: WorkloadSpec) -> _WorkloadState:
         torch = self.torch

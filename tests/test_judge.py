@@ -10,6 +10,8 @@ from ptxgym.baselines import baseline_key, cached_baseline, store_baseline
 from ptxgym.judge import _Worker
 from ptxgym.tasks import get_task
 
+GEMM = get_task("PTX-H100-GEMM")
+
 
 def test_cached_baselines_are_keyed_by_every_axis_and_the_protocol() -> None:
     device = {
@@ -48,3 +50,40 @@ def test_only_the_end_of_a_huge_worker_log_is_read(tmp_path: Path) -> None:
     tail = worker.log_tail()
     assert tail.endswith("Fatal Python error: Segmentation fault")
     assert len(tail) <= 2000
+
+
+def test_workload_states_are_kept_within_the_memory_budget(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import collections
+    import threading
+
+    import torch
+
+    from ptxgym.judge import Judge, JudgeSettings, _Stage, _WorkloadState
+
+    monkeypatch.setenv("PTXGYM_CACHE", str(tmp_path))
+    judge = Judge.__new__(Judge)  # no GPU: states are built by the stand-in below
+    judge.settings = JudgeSettings(state_budget_bytes=3000)
+    judge.device = 0
+    judge.states = collections.OrderedDict()
+    judge._state_locks = {}
+    judge._mutex = threading.Lock()
+    built: list[str] = []
+
+    def build(task: object, workload: object) -> _WorkloadState:
+        name = f"w{len(built)}"
+        built.append(name)
+        stage = _Stage("trial0", 1, False, {"C": torch.zeros(250, dtype=torch.float32)})
+        return _WorkloadState(GEMM.workloads[0].model_copy(update={"name": name}), [stage], 1, "")
+
+    monkeypatch.setattr(judge, "_build_state", build)
+    workloads = [GEMM.workloads[0].model_copy(update={"name": f"w{i}"}) for i in range(4)]
+    for workload in workloads[:3]:  # 1000 bytes each: all three fit
+        judge.workload_state(GEMM, workload)
+    judge.workload_state(GEMM, workloads[0])  # reused, and now the most recently used
+    judge.workload_state(GEMM, workloads[3])  # over budget: the least recently used (w1) goes
+    assert built == ["w0", "w1", "w2", "w3"]
+    assert [key[1] for key in judge.states] == ["w2", "w0", "w3"]
+    judge.workload_state(GEMM, workloads[1])  # rebuilt when needed again
+    assert built[-1] == "w4"
