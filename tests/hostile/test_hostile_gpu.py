@@ -62,7 +62,35 @@ class Bench:
     secret: Secret
     canaries: Path
     first_speedup: float
+    files_before: dict[str, tuple[int, int]]
     runs: dict[str, Run] = field(default_factory=dict)
+
+
+def snapshot() -> dict[str, tuple[int, int]]:
+    """Size and modification time of every file a candidate has no business touching: the
+    repository and ptxgym's cache (its build cache, locks, judge sockets and baselines aside,
+    which the evaluation itself writes), and the top level of the home folder."""
+    repository = Path(__file__).resolve().parents[2]
+    cache = paths.cache_dir()
+    # Written by the evaluation and the test run themselves: build cache, locks, judge sockets,
+    # and the GPU host script's output folder.
+    skipped = {".git", "__pycache__", ".pytest_cache", "builds", "locks", "judges", ".venv", "out"}
+    files: dict[str, tuple[int, int]] = {}
+    for root in (repository, cache):
+        if not root.is_dir():
+            continue
+        for path in root.rglob("*"):
+            if skipped & set(path.relative_to(root).parts) or not path.is_file():
+                continue
+            if path.name == "baselines.json" or "canar" in str(path):
+                continue
+            stat = path.stat()
+            files[str(path)] = (stat.st_size, stat.st_mtime_ns)
+    for path in Path.home().glob("*"):
+        if path.is_file():
+            stat = path.stat()
+            files[str(path)] = (stat.st_size, stat.st_mtime_ns)
+    return files
 
 
 @pytest.fixture(scope="module")
@@ -88,6 +116,7 @@ def bench(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bench]:
         secret=make_secret(tmp_path_factory.mktemp("hostile-secret")),
         canaries=canaries,
         first_speedup=float(first["outcome"]["speedup"]),
+        files_before=snapshot(),
     )
     env.close()
 
@@ -166,3 +195,15 @@ def test_the_next_step_is_unaffected(bench: Bench, attack: Attack) -> None:
     assert after["outcome"]["speedup"] == pytest.approx(
         bench.first_speedup, rel=SPEEDUP_TOLERANCE
     ), f"after {attack.name}: {after['feedback']}"
+
+
+def test_no_file_outside_the_workers_folders_changed(bench: Bench) -> None:
+    for attack in ATTACKS:
+        run_attack(bench, attack)
+    after = snapshot()
+    changed = sorted(
+        path
+        for path in set(bench.files_before) | set(after)
+        if bench.files_before.get(path) != after.get(path)
+    )
+    assert not changed, f"files changed during the hostile runs: {changed[:20]}"
