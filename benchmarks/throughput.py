@@ -105,7 +105,7 @@ def main() -> None:
     parser.add_argument("--task", default="PTX-H100-GEMM")
     parser.add_argument("--example", type=Path, default=Path("examples/expert/gemm.cu"))
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16, 48])
-    parser.add_argument("--reuse-steps", type=int, default=4, help="steps per reuse setting")
+    parser.add_argument("--reuse-steps", type=int, default=3, help="steps per reuse setting")
     parser.add_argument("--judge-concurrency", type=int, default=8)
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -136,7 +136,7 @@ def main() -> None:
 
     levels = []
     for trajectories in args.concurrency:
-        steps = 3 if trajectories == 1 else max(1, 16 // trajectories)
+        steps = 3 if trajectories == 1 else max(1, 8 // trajectories)
         levels.append(run_level(evaluator, args.task, source, trajectories, steps))
         results["levels"] = levels
         out.write_text(json.dumps(results, indent=1))
