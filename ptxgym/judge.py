@@ -377,15 +377,17 @@ class Judge:
             for run in pending.values():
                 run.cancel()
         stages.update({report.tool: report.seconds for report in sanitizers})
+        crashed = verdict.status is Status.RUNTIME_ERROR
         verdict = _with_memory_errors(verdict, sanitizers)
         if profile is not None:
             stages["profile"] = profile.seconds
             if verdict.status is not Status.PASSED:
                 profile = None  # memcheck overruled the pass
-        # A crash's own words (a Python traceback, a CUDA error) help the next attempt.
+        # A crash's own words (a Python traceback, a CUDA error) help the next attempt, also
+        # when memcheck then named the access behind it.
         return replace(
             verdict,
-            worker_log=log if verdict.status is Status.RUNTIME_ERROR else "",
+            worker_log=log if crashed else "",
             sanitizers=sanitizers,
             profile=profile,
             seconds=time.perf_counter() - started,
