@@ -196,10 +196,12 @@ class _Timeout(Exception):
     pass
 
 
-def _receive(conn: Connection, timeout_s: float) -> tuple[dict[str, Any], dict[str, Any]]:
+def _receive(
+    conn: Connection, timeout_s: float, arena: channel.Arena | None = None
+) -> tuple[dict[str, Any], dict[str, Any]]:
     if not conn.poll(timeout_s):
         raise _Timeout
-    return channel.receive(conn)
+    return channel.receive(conn, arena)
 
 
 class Judge:
@@ -488,10 +490,31 @@ class Judge:
                 for s in states
             ],
         }
+        # The outputs come back through shared memory sized for the largest output set.
+        arena = channel.Arena.create(max(_output_bytes(task, s.spec) for s in states))
+        job["arena_bytes"] = arena.size
+        try:
+            channel.send(worker.conn, job)
+            arena.share(worker.conn, worker.process.pid)
+            return self._converse(task, states, worker, stages, plans, arena)
+        except (OSError, EOFError) as exc:  # the worker died before it took the arena
+            return Verdict(Status.RUNTIME_ERROR, f"the process running the kernel is gone ({exc})")
+        finally:
+            arena.close()
+
+    def _converse(
+        self,
+        task: Task,
+        states: list[_WorkloadState],
+        worker: _Worker,
+        stages: dict[str, float],
+        plans: dict[str, _TimingPlan],
+        arena: channel.Arena,
+    ) -> Verdict:
+        """Answer the worker's messages until it is done, fails, hangs or breaks the protocol."""
         by_name = {s.spec.name: s for s in states}
         checks: list[CheckReport] = []
         timings: list[WorkloadTiming] = []
-        channel.send(worker.conn, job)
         run_started = time.perf_counter()
         check_count = sum(len(s.stages) for s in states)  # the correctness stage's checks
         expected_checks = check_count + sum(len(p.checked) for p in plans.values())
@@ -499,7 +522,7 @@ class Judge:
         stage_name = "start"
         try:
             while True:
-                header, tensors = _receive(worker.conn, timeout)
+                header, tensors = _receive(worker.conn, timeout, arena)
                 kind = header.get("kind")
                 if kind == "done":
                     if len(checks) != expected_checks or len(timings) != len(states):
@@ -660,6 +683,21 @@ class Judge:
         for worker in spares:
             worker.kill()
         shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def _output_bytes(task: Task, workload: WorkloadSpec) -> int:
+    """Bytes of the task's outputs for ``workload``, as laid out in an arena."""
+    axes = task.axis_values(workload)
+    sizes = []
+    for spec in task.definition.outputs.values():
+        count = 1
+        for axis in spec.shape:
+            count *= axes[axis]
+        sizes.append(count * _DTYPE_BYTES[spec.dtype])
+    return channel.arena_bytes(sizes)
+
+
+_DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "int32": 4, "int64": 8}
 
 
 def _with_memory_errors(verdict: Verdict, reports: tuple[SanitizerReport, ...]) -> Verdict:

@@ -131,8 +131,10 @@ def worker_main(conn: Connection, device: int, log_path: str, home: str) -> None
     timer = Timer()
     channel.send(conn, {"kind": "ready", "pid": os.getpid()})
     job, _ = channel.receive(conn)
+    # The judge hands over a shared-memory region for the outputs right after the job.
+    arena = channel.Arena.attach(conn, int(job["arena_bytes"])) if job.get("arena_bytes") else None
     try:
-        _serve(conn, job, timer)
+        _serve(conn, job, timer, arena)
     except Exception as exc:  # the candidate broke the CUDA context, or raised through ctypes
         channel.send(
             conn, {"kind": "error", "status": "RUNTIME_ERROR", "message": _first_line(exc)}
@@ -145,7 +147,9 @@ def _first_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[0] if text else ''}"
 
 
-def _serve(conn: Connection, job: dict[str, Any], timer: Timer) -> None:
+def _serve(
+    conn: Connection, job: dict[str, Any], timer: Timer, arena: channel.Arena | None
+) -> None:
     import torch
 
     task = Task.model_validate(job["task"])
@@ -181,12 +185,13 @@ def _serve(conn: Connection, job: dict[str, Any], timer: Timer) -> None:
                     "modified_inputs": modified,
                 },
                 outputs,
+                arena,
             )
             del inputs, pristine, outputs
             if channel.receive(conn)[0].get("kind") != "continue":
                 return
     for workload in job["workloads"]:
-        _time_workload(conn, task, entry, workload, job, timer, stream)
+        _time_workload(conn, task, entry, workload, job, timer, stream, arena)
         if channel.receive(conn)[0].get("kind") != "continue":
             return
     channel.send(conn, {"kind": "done"})
@@ -200,6 +205,7 @@ def _time_workload(
     job: dict[str, Any],
     timer: Timer,
     stream: Any,
+    arena: channel.Arena | None,
 ) -> None:
     """Time the candidate on fresh inputs for every call, then send the outputs of the calls
     the judge asked to check, and the timing."""
@@ -250,9 +256,8 @@ def _time_workload(
         return
     del current["inputs"]
     for index in sorted(kept):
-        channel.send(
-            conn, {"kind": "timed-check", "workload": workload["name"], "call": index}, kept[index]
-        )
+        header = {"kind": "timed-check", "workload": workload["name"], "call": index}
+        channel.send(conn, header, kept[index], arena)
         if channel.receive(conn)[0].get("kind") != "continue":
             return
     channel.send(
