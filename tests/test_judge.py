@@ -87,3 +87,15 @@ def test_workload_states_are_kept_within_the_memory_budget(
     assert [key[1] for key in judge.states] == ["w2", "w0", "w3"]
     judge.workload_state(GEMM, workloads[1])  # rebuilt when needed again
     assert built[-1] == "w4"
+
+
+def test_the_output_arena_fits_every_tasks_outputs() -> None:
+    from ptxgym.judge import _output_bytes
+    from ptxgym.tasks import registry
+
+    gemm = GEMM.workloads[0]
+    # C is [M, N] bf16: 8192 * 8192 * 2 bytes, already aligned.
+    assert _output_bytes(GEMM, gemm) == 8192 * 8192 * 2
+    for task in registry().values():
+        for workload in task.workloads:
+            assert _output_bytes(task, workload) > 0
