@@ -91,9 +91,7 @@ class CompileResult:
 
 @cache
 def nvcc_path() -> str:
-    found = shutil.which("nvcc") or shutil.which(
-        str(Path(os.environ.get("CUDA_HOME", "/usr/local/cuda")) / "bin" / "nvcc")
-    )
+    found = paths.cuda_tool("nvcc")
     if not found:
         raise CompilerUnavailable(
             "nvcc was not found on PATH or in $CUDA_HOME/bin: install the CUDA toolkit (12.8+)"

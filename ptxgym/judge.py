@@ -11,6 +11,7 @@ started, serves the next candidate.
 from __future__ import annotations
 
 import collections
+import math
 import multiprocessing
 import os
 import random
@@ -404,9 +405,8 @@ class Judge:
         payload = {"axes": state.spec.axes, "sequences": state.spec.sequences}
         seed = state.stages[0].seed
         pending: dict[str, PendingSanitizer | PendingProfile] = {}
-        tools: list[Tool] = ["memcheck"] if self.settings.memcheck else []
-        tools += ["racecheck"] if self.settings.racecheck else []
-        for tool in tools:
+        # A pass calls for every tool the settings turn on: start each of them.
+        for tool in self._sanitizer_tools(Status.PASSED):
             pending[tool] = PendingSanitizer(
                 task, library, payload, seed, device=self.device, tool=tool
             )
@@ -687,17 +687,15 @@ class Judge:
 
 def _output_bytes(task: Task, workload: WorkloadSpec) -> int:
     """Bytes of the task's outputs for ``workload``, as laid out in an arena."""
+    import torch
+
     axes = task.axis_values(workload)
-    sizes = []
-    for spec in task.definition.outputs.values():
-        count = 1
-        for axis in spec.shape:
-            count *= axes[axis]
-        sizes.append(count * _DTYPE_BYTES[spec.dtype])
-    return channel.arena_bytes(sizes)
-
-
-_DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "int32": 4, "int64": 8}
+    return channel.arena_bytes(
+        [
+            math.prod(axes[axis] for axis in spec.shape) * getattr(torch, spec.dtype).itemsize
+            for spec in task.definition.outputs.values()
+        ]
+    )
 
 
 def _with_memory_errors(verdict: Verdict, reports: tuple[SanitizerReport, ...]) -> Verdict:

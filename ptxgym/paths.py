@@ -1,4 +1,5 @@
-"""Where ptxgym's data folders (``envs/``, ``packs/``, ``examples/``) live.
+"""Where ptxgym's data folders (``envs/``, ``packs/``, ``examples/``), its cache, and the CUDA
+tools it runs live.
 
 In a source checkout or an editable install they sit beside the package; a wheel install puts
 them under ``<prefix>/share/ptxgym``. ``PTXGYM_DATA`` overrides both, for users who keep their own
@@ -8,6 +9,7 @@ task files.
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 from functools import cache
 from pathlib import Path
@@ -50,3 +52,12 @@ def cache_dir() -> Path:
         return Path(override)
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(base) / "ptxgym"
+
+
+def cuda_tool(name: str, override: str | None = None) -> str | None:
+    """A CUDA command-line tool: the file that environment variable ``override`` names (and
+    nothing else when it is set), else ``name`` on PATH, else in ``$CUDA_HOME/bin``."""
+    if override is not None and (named := os.environ.get(override)):
+        return named if Path(named).is_file() else None
+    home = Path(os.environ.get("CUDA_HOME", "/usr/local/cuda")) / "bin" / name
+    return shutil.which(name) or shutil.which(str(home))

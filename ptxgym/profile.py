@@ -20,7 +20,6 @@ from __future__ import annotations
 import glob
 import json
 import os
-import shutil
 import sys
 import time
 from collections.abc import Mapping
@@ -28,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ptxgym import paths
 from ptxgym.processes import run_group
 from ptxgym.sass import family_present
 from ptxgym.single_call import PendingCall
@@ -97,14 +97,10 @@ def families_executed(task: Task, counts: Mapping[str, int]) -> dict[str, bool]:
 def find_ncu() -> str | None:
     """The Nsight Compute command line: ``$PTXGYM_NCU``, else on PATH, in CUDA's bin folder, or
     in /opt/nvidia."""
-    if override := os.environ.get("PTXGYM_NCU"):
-        return override if Path(override).is_file() else None
-    found = shutil.which("ncu")
-    if found:
+    if found := paths.cuda_tool("ncu", override="PTXGYM_NCU"):
         return found
-    home = Path(os.environ.get("CUDA_HOME", "/usr/local/cuda")) / "bin" / "ncu"
-    if home.is_file():
-        return str(home)
+    if os.environ.get("PTXGYM_NCU"):
+        return None  # the named file is missing: no fallback behind the user's back
     installs = sorted(glob.glob("/opt/nvidia/nsight-compute/*/ncu"))
     return installs[-1] if installs else None
 

@@ -14,15 +14,13 @@ safety of the candidate is then unknown, and the step goes on.
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Literal
 
+from ptxgym import paths
 from ptxgym.single_call import PendingCall
 from ptxgym.tasks import Task
 
@@ -57,13 +55,7 @@ class SanitizerReport:
 
 def find_compute_sanitizer() -> str | None:
     """``$PTXGYM_COMPUTE_SANITIZER``, else on PATH, else in CUDA's bin folder."""
-    if override := os.environ.get("PTXGYM_COMPUTE_SANITIZER"):
-        return override if Path(override).is_file() else None
-    found = shutil.which("compute-sanitizer")
-    if found:
-        return found
-    home = Path(os.environ.get("CUDA_HOME", "/usr/local/cuda")) / "bin" / "compute-sanitizer"
-    return str(home) if home.is_file() else None
+    return paths.cuda_tool("compute-sanitizer", override="PTXGYM_COMPUTE_SANITIZER")
 
 
 class PendingSanitizer:

@@ -33,6 +33,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from ptxgym import paths
 from ptxgym.tasks import InstructionFamily, Task
 
 TIMEOUT_S = 60.0
@@ -154,8 +155,7 @@ def family_present(opcodes: Mapping[str, int], family: InstructionFamily) -> boo
 
 def find_cuobjdump() -> Path | None:
     """cuobjdump on PATH, in ``$CUDA_HOME/bin``, or from the nvidia-cuda-cuobjdump wheel."""
-    cuda_home = Path(os.environ.get("CUDA_HOME", "/usr/local/cuda"))
-    found = shutil.which("cuobjdump") or shutil.which(str(cuda_home / "bin" / "cuobjdump"))
+    found = paths.cuda_tool("cuobjdump")
     return Path(found) if found else _wheel_binary("nvidia-cuda-cuobjdump", "cuobjdump")
 
 
