@@ -30,14 +30,14 @@ from functools import cache
 from pathlib import Path
 
 from ptxgym import paths
-from ptxgym.policy import ASSEMBLER_ESCAPE_RE, pack_header_name
+from ptxgym.policy import ASSEMBLER_ESCAPE_RE, included_headers, pack_header_name
 from ptxgym.processes import run_group
 from ptxgym.sass import SassInventory, demangle, inventory
 from ptxgym.tasks import Task, c_parameter_types
 
 DEFAULT_TIMEOUT_S = 180.0
 MAX_CACHED_BUILDS = 4000
-_RECIPE_VERSION = "4"  # bump when the build recipe changes, to invalidate cached results
+_RECIPE_VERSION = "5"  # bump when the build recipe changes, to invalidate cached results
 _MEMORY_LIMIT_BYTES = 8 << 30  # per compiler process: stops template/constexpr bombs
 _FILE_SIZE_LIMIT_BYTES = 512 << 20
 _MAX_LOG_CHARS = 6000
@@ -158,35 +158,38 @@ def _preprocess_command(task: Task) -> list[str]:
 
 # Included before the candidate: __has_include, however the candidate spells it (token pasting
 # gets past the policy's text checks), answers "no", so a build cannot tell whether a host path
-# exists. It is a "system header" so that redefining the operator raises no warning. CCCL's
-# configuration (<cuda/std/version>) is included before it, with the real operator: CCCL decides
-# with __has_include whether cuda::std supports fp16/bf16. The other CUDA and C++ headers a
-# candidate may include use it only to look for optional extras (NVTX, a libc helper).
+# exists. It is a "system header" so that redefining the operator raises no warning. Every header
+# the candidate includes (all on the policy's allow-list) is included first, with the real
+# operator, so that the headers themselves still see their dependencies: CCCL decides with it
+# whether cuda::std supports fp16/bf16, and newer libstdc++ (GCC 13+) includes <stdint.h> from
+# <cstdint> only if __has_include finds it. The candidate's own includes then change nothing.
 _NO_PROBE_HEADER_NAME = "ptxgym_no_host_probe.h"
 _NO_PROBE_HEADER = (
     "#pragma GCC system_header\n"
     "#define __has_include(header) 0\n"
     "#define __has_include_next(header) 0\n"
 )
+# What build.cu itself needs (the signature check), also ahead of the guard.
+_BUILD_HEADERS = ("<cuda/std/version>", "<cuda_bf16.h>", "<cuda_runtime.h>", "<type_traits>")
 
 
-def build_source(task: Task) -> str:
-    """Our translation unit: the host-probe guard, the candidate, then a check of its entry
-    point's C signature."""
+def build_source(task: Task, source: str) -> str:
+    """Our translation unit: the headers (the candidate's and ours), the host-probe guard, the
+    candidate, then a check of its entry point's C signature."""
     symbol = task.entry_point.symbol
     params = ", ".join(c_parameter_types(task.definition, task.entry_point))
     message = (
         f"the entry point {symbol} does not have the required signature: "
         f"{task.entry_point.signature}"
     ).replace('"', '\\"')
+    headers = dict.fromkeys((*_BUILD_HEADERS, *included_headers(source, task)))
     return (
-        "#include <cuda/std/version>\n"
-        f'#include "{_NO_PROBE_HEADER_NAME}"\n'
-        f'#include "{CANDIDATE_FILE}"\n'
-        "#include <cuda_bf16.h>\n#include <cuda_runtime.h>\n#include <type_traits>\n"
-        f"static_assert(std::is_same<decltype(&{symbol}), int (*)({params})>::value ||\n"
-        f"              std::is_same<decltype(&{symbol}), cudaError_t (*)({params})>::value,\n"
-        f'              "{message}");\n'
+        "".join(f"#include {header}\n" for header in headers)
+        + f'#include "{_NO_PROBE_HEADER_NAME}"\n'
+        + f'#include "{CANDIDATE_FILE}"\n'
+        + f"static_assert(std::is_same<decltype(&{symbol}), int (*)({params})>::value ||\n"
+        + f"              std::is_same<decltype(&{symbol}), cudaError_t (*)({params})>::value,\n"
+        + f'              "{message}");\n'
     )
 
 
@@ -201,7 +204,7 @@ def source_hash(source: str, task: Task) -> str:
     for part in (
         _RECIPE_VERSION,
         source,
-        build_source(task),
+        build_source(task, source),
         _NO_PROBE_HEADER,
         _pack_header(task).decode("utf-8", "replace"),
         json.dumps([nvcc_command(task)[1:], link_command(task)[1:]]),
@@ -278,7 +281,7 @@ def _prune(builds: Path) -> None:
 def _build(source: str, task: Task, key: str, work: Path, timeout_s: float) -> CompileResult:
     started = time.perf_counter()
     (work / CANDIDATE_FILE).write_text(source, encoding="utf-8")
-    (work / _BUILD_FILE).write_text(build_source(task), encoding="utf-8")
+    (work / _BUILD_FILE).write_text(build_source(task, source), encoding="utf-8")
     (work / pack_header_name(task)).write_bytes(_pack_header(task))
     (work / _NO_PROBE_HEADER_NAME).write_text(_NO_PROBE_HEADER, encoding="utf-8")
     command = nvcc_command(task)

@@ -270,6 +270,7 @@ class LocalGPUEvaluator:
             worker_log=verdict.worker_log,
             seconds=time.perf_counter() - started,
             stage_seconds={"compile": build.seconds, **verdict.stage_seconds},
+            isolation=verdict.isolation,
         )
 
     def submit(self, task: Task, source: str) -> Future[Outcome]:

@@ -1,4 +1,4 @@
-"""One measurement at a time on a GPU, across every process of the user.
+"""One measurement at a time on a GPU, across every process on the machine.
 
 Anything that runs GPU work for an evaluation (a worker's correctness and timing stages, a
 workload's references and baseline timing, the sanitizer's and the profiler's one call) holds the
@@ -6,9 +6,10 @@ GPU's lock while it does, so no timing ever shares the GPU with other work, howe
 vector-env processes or threads there are. The CPU parts around them (compiling, starting
 processes, importing torch, reading reports) run outside the lock and overlap freely.
 
-The lock is an ``flock`` on a file in ptxgym's cache folder, named after the physical GPU, so it
-holds between processes and ends with the process that holds it (a killed holder never leaves
-it locked). Waiters inside one process are served first come, first served.
+The lock is an ``flock`` on a file named after the physical GPU, in one folder for the whole
+machine (``paths.lock_dir``: not the cache folder, which differs between users, test sessions and
+benchmark runs), so it holds between processes and ends with the process that holds it (a killed
+holder never leaves it locked). Waiters inside one process are served first come, first served.
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ _gates_mutex = threading.Lock()
 def lock_path(device: int) -> Path:
     """The lock file of CUDA device ``device`` of this process."""
     name = physical_device(device).replace("/", "_")
-    return paths.cache_dir() / "locks" / f"gpu-{name}.lock"
+    return paths.lock_dir() / f"gpu-{name}.lock"
 
 
 def exclusive_gpu(device: int) -> contextlib.AbstractContextManager[float]:
@@ -76,9 +77,11 @@ def holding(path: Path) -> Iterator[float]:
     started = time.perf_counter()
     gate.acquire()
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        _make_shared_folder(path.parent)
         # O_CLOEXEC: processes started while it is held (workers, compilers) must not inherit it.
-        descriptor = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        descriptor = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+        with contextlib.suppress(OSError):  # others' processes open it too (umask aside)
+            os.fchmod(descriptor, 0o666)
         try:
             fcntl.flock(descriptor, fcntl.LOCK_EX)
             yield time.perf_counter() - started
@@ -86,3 +89,12 @@ def holding(path: Path) -> Iterator[float]:
             os.close(descriptor)  # closing releases the flock
     finally:
         gate.release()
+
+
+def _make_shared_folder(folder: Path) -> None:
+    """The locks' folder, writable by every user like /tmp itself (sticky: no one removes
+    another's lock file)."""
+    if not folder.is_dir():
+        folder.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(OSError):
+            folder.chmod(0o1777)

@@ -11,6 +11,9 @@
   the build's host-call allow-list already keeps candidates from using). The single-call
   processes cannot: Nsight Compute and compute-sanitizer talk to the program they run over
   local sockets.
+- A seccomp filter (``ptxgym.seccomp``), installed once CUDA is up and before the candidate's
+  library is loaded: no new processes or programs, no signals to other processes, no tracing,
+  and in the worker no sockets but ``AF_UNIX``.
 
 docs/security.md lists what this does not cover.
 """
@@ -19,7 +22,10 @@ from __future__ import annotations
 
 import os
 import resource
+import sys
 from pathlib import Path
+
+from ptxgym.seccomp import SeccompUnavailable, restrict_system_calls
 
 MAX_FILE_BYTES = 64 << 20
 _KEPT_NAMES = frozenset(
@@ -67,6 +73,19 @@ def confine(folder: Path) -> dict[str, bool]:
     os.chdir(folder)
     limit_resources()
     return {"network_isolated": _unshare_network()}
+
+
+def seal(network: bool) -> bool:
+    """Install the seccomp filter (``network=False``: no sockets but AF_UNIX) on every thread of
+    this process. Call it after CUDA is initialised (the driver may start helpers on the way) and
+    before candidate code is loaded. False, with the reason on stderr (the process's log), where
+    the system has no libseccomp or the kernel refuses filters."""
+    try:
+        restrict_system_calls(network)
+    except SeccompUnavailable as exc:
+        print(f"ptxgym: no seccomp filter: {exc}", file=sys.stderr, flush=True)
+        return False
+    return True
 
 
 def limit_resources() -> None:

@@ -42,6 +42,9 @@ from ptxgym.worker import make_inputs, resolve_callable, worker_main
 
 _random = random.SystemRandom()  # which timed calls are checked: not predictable from outside
 _LOG_TAIL_CHARS = 2000
+# A worker's start (Python, torch, CUDA context, CUPTI) takes seconds, more on a busy host; it is
+# ours, not the candidate's, so it has its own deadline, independent of the stage timeout.
+_WORKER_START_TIMEOUT_S = 120.0
 
 
 @dataclass(frozen=True)
@@ -61,6 +64,10 @@ class JudgeSettings:
     # Evaluations in flight in the judge at once. Their GPU stages take turns (ptxgym.gpu_lock);
     # their CPU stages (worker and tool start-up, report reading) overlap those of others.
     concurrency: int = 4
+    # Workers kept started ahead of need (each holds a CUDA context, about 0.9 GB of GPU memory).
+    # A worker takes seconds to start (Python, torch, CUDA, CUPTI); with several started ahead,
+    # back-to-back steps find one ready even when an evaluation is shorter than a start.
+    spare_workers: int = 3
     # Keep each workload's inputs seeds, references and baseline across requests (and the
     # baseline on disk). False rebuilds them for every request: only to measure what reuse saves.
     reuse_state: bool = True
@@ -94,6 +101,8 @@ class Verdict:
     # Wall seconds per stage: state, worker_start, gpu_wait, correctness, timing, memcheck,
     # racecheck, profile (only the stages that ran).
     stage_seconds: dict[str, float] = field(default_factory=dict)
+    # Which confinement steps took effect in the worker that ran the candidate.
+    isolation: dict[str, bool] = field(default_factory=dict)
 
     @property
     def latency_ms(self) -> float | None:
@@ -166,12 +175,15 @@ class _Worker:
         self.process.start()
         child.close()
         self.ready = False
+        # What confinement took effect in the worker (ptxgym.isolation), as it reported.
+        self.isolation: dict[str, bool] = {}
 
     def wait_ready(self, timeout_s: float) -> None:
         if not self.ready:
             header, _ = _receive(self.conn, timeout_s)
             if header.get("kind") != "ready":
                 raise channel.ChannelError(f"worker did not start: {header}")
+            self.isolation = {str(k): bool(v) for k, v in dict(header.get("isolation", {})).items()}
             self.ready = True
 
     def log_tail(self) -> str:
@@ -238,16 +250,17 @@ class Judge:
             "driver": gpus[0].driver if gpus else "unknown",
             "timing_method": "cupti" if self.timer.cupti is not None else "host-sync",
         }
-        self._start_spare()
+        self._start_spares()
 
-    def _start_spare(self) -> None:
-        """Start a worker for a later evaluation, up to one per evaluation in flight."""
-        with self._mutex:
-            if len(self.spares) >= self.settings.concurrency:
-                return
-        worker = _Worker(self.context, self.device, self.folder)
-        with self._mutex:
-            self.spares.append(worker)
+    def _start_spares(self) -> None:
+        """Start workers for later evaluations, up to ``settings.spare_workers`` waiting."""
+        while True:
+            with self._mutex:
+                if len(self.spares) >= self.settings.spare_workers:
+                    return
+            worker = _Worker(self.context, self.device, self.folder)
+            with self._mutex:
+                self.spares.append(worker)
 
     def _take_worker(self) -> _Worker:
         with self._mutex:
@@ -255,11 +268,11 @@ class Judge:
         if worker is None:
             worker = _Worker(self.context, self.device, self.folder)
         try:
-            worker.wait_ready(self.settings.stage_timeout_s)
+            worker.wait_ready(_WORKER_START_TIMEOUT_S)
         except (channel.ChannelError, _Timeout, EOFError, OSError):
             worker.kill()
             worker = _Worker(self.context, self.device, self.folder)
-            worker.wait_ready(self.settings.stage_timeout_s)
+            worker.wait_ready(_WORKER_START_TIMEOUT_S)
         return worker
 
     # ----------------------------------------------------------------------------------------
@@ -371,10 +384,11 @@ class Judge:
                         # Gone before the GPU is released: memory it holds or work it left
                         # running must not reach the next user of the GPU.
                         log = worker.log_tail()
+                        isolation = worker.isolation
                         worker.kill()
             finally:
                 # Started after the timing, not during it; its start-up overlaps other work.
-                self._start_spare()
+                self._start_spares()
             sanitizers, profile = self._finish_tools(pending, verdict.status)
         finally:
             for run in pending.values():
@@ -395,6 +409,7 @@ class Judge:
             profile=profile,
             seconds=time.perf_counter() - started,
             stage_seconds=stages,
+            isolation=isolation,
         )
 
     def _start_tools(

@@ -58,6 +58,8 @@ class Outcome:
     each workload's figures. ``checks`` holds every output comparison made, the failing one last;
     ``sanitizers`` what compute-sanitizer's tools found. ``stage_seconds``: wall seconds per stage
     (compile, state, worker_start, gpu_wait, correctness, timing, memcheck, racecheck, profile).
+    ``isolation``: which confinement steps took effect in the worker (network_isolated,
+    system_calls_filtered; see ptxgym.isolation).
     """
 
     task_id: str
@@ -76,6 +78,7 @@ class Outcome:
     worker_log: str = ""
     seconds: float = 0.0
     stage_seconds: dict[str, float] = field(default_factory=dict)
+    isolation: dict[str, bool] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (``info`` and trajectory records use it)."""

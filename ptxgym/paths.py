@@ -54,6 +54,15 @@ def cache_dir() -> Path:
     return Path(base) / "ptxgym"
 
 
+def lock_dir() -> Path:
+    """The GPU locks' folder (ptxgym.gpu_lock): ``PTXGYM_LOCK_DIR``, else one folder for the whole
+    machine, whatever each process's cache folder is, so that every ptxgym process on a GPU takes
+    turns with every other."""
+    if override := os.environ.get("PTXGYM_LOCK_DIR"):
+        return Path(override)
+    return Path("/tmp/ptxgym-gpu-locks")
+
+
 def cuda_tool(name: str, override: str | None = None) -> str | None:
     """A CUDA command-line tool: the file that environment variable ``override`` names (and
     nothing else when it is set), else ``name`` on PATH, else in ``$CUDA_HOME/bin``."""

@@ -178,6 +178,19 @@ def check_policy(source: str, task: Task) -> PolicyReport:
     return PolicyReport(tuple(dict.fromkeys(violations)))
 
 
+def included_headers(source: str, task: Task) -> tuple[str, ...]:
+    """The allowed headers ``source`` includes (``#include``, ``#include_next``, ``#import``), as
+    written (``<name>`` or ``"name"``), in order of first appearance."""
+    code, _ = _strip_comments(_normalise(source))
+    headers = [
+        argument
+        for match in _DIRECTIVE_RE.finditer(code)
+        if match.group(1) in ("include", "include_next", "import")
+        and not _check_header(argument := match.group(2).strip(), task, "#include")
+    ]
+    return tuple(dict.fromkeys(headers))
+
+
 def _check_header(argument: str, task: Task, how: str) -> list[str]:
     match = _HEADER_RE.match(argument)
     if not match:

@@ -27,7 +27,7 @@ from typing import Any
 
 from ptxgym.gpu_lock import holding, lock_path
 from ptxgym.gpus import physical_device
-from ptxgym.isolation import limit_resources, scrubbed_environment
+from ptxgym.isolation import limit_resources, scrubbed_environment, seal
 from ptxgym.processes import ProcessGroup
 from ptxgym.tasks import Task
 
@@ -133,6 +133,8 @@ def run_job(job_path: str) -> int:
     workload = job["workload"]
     axes = {**task.definition.const_axes, **workload["axes"]}
     torch.zeros(1, device="cuda")  # the CUDA context, made before the GPU is taken
+    # The tools talk to this process over sockets, so those stay; the rest of the filter holds.
+    seal(network=True)
     # The GPU is held only while this process uses it: start-up before and the tool's report
     # after overlap other evaluations' GPU work.
     with holding(Path(job["gpu_lock"])):

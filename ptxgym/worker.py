@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ptxgym import channel
-from ptxgym.isolation import confine
+from ptxgym.isolation import confine, seal
 from ptxgym.tasks import Task
 from ptxgym.timing import Timer
 
@@ -122,14 +122,17 @@ def worker_main(conn: Connection, device: int, log_path: str, home: str) -> None
     # Before anything of the candidate's can run: a scrubbed environment, its own folder, file
     # and core limits (a printf flood ends the worker with SIGXFSZ, a RUNTIME_ERROR), and no
     # network where the OS allows.
-    confine(Path(home))
+    isolation = confine(Path(home))
     faulthandler.enable()
     import torch
 
     torch.cuda.set_device(device)
     torch.zeros(1, device="cuda")
     timer = Timer()
-    channel.send(conn, {"kind": "ready", "pid": os.getpid()})
+    # CUDA, torch and CUPTI are up: from here on no new processes, no signals to others, no
+    # sockets but the judge's kind (ptxgym.seccomp), for the candidate's code and ours alike.
+    isolation["system_calls_filtered"] = seal(network=False)
+    channel.send(conn, {"kind": "ready", "pid": os.getpid(), "isolation": isolation})
     job, _ = channel.receive(conn)
     # The judge hands over a shared-memory region for the outputs right after the job.
     arena = channel.Arena.attach(conn, int(job["arena_bytes"])) if job.get("arena_bytes") else None

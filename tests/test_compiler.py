@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from ptxgym import paths
-from ptxgym.compiler import compile_source
+from ptxgym.compiler import build_source, compile_source
 from ptxgym.evaluator import CompileOnlyEvaluator
 from ptxgym.outcome import Status
 from ptxgym.tasks import get_task
@@ -164,14 +164,25 @@ def test_compile_errors_never_echo_a_host_file(tmp_path: Path) -> None:
 
 
 def test_errors_inside_system_headers_name_the_header_but_do_not_echo_it() -> None:
-    # Breaking a macro the header relies on produces errors located in the header itself.
-    source = "#define inline 3\n" + NAIVE_GEMM
+    # An out-of-range std::get fails a static_assert located in <array> itself.
+    source = "#include <array>\nstatic int bad = std::get<5>(std::array<int, 2>{});\n" + NAIVE_GEMM
     outcome = CompileOnlyEvaluator().evaluate(GEMM, source)
     assert outcome.status is Status.COMPILE_ERROR
     assert outcome.compile is not None
     log = outcome.compile.log
     assert "(system header)" in log
     assert "/usr/" not in log and "^" not in log.replace("candidate.cu", "")
+
+
+def test_the_candidates_headers_come_before_the_host_probe_guard() -> None:
+    # Standard headers may use __has_include themselves (libstdc++ 13's <cstdint> includes
+    # <stdint.h> only if it finds it), so they are included while the real operator still works.
+    source = "#include <cstdint>\n#include <cuda/barrier>\n" + NAIVE_GEMM
+    build = build_source(GEMM, source)
+    guard = build.index("ptxgym_no_host_probe.h")
+    for header in ("<cstdint>", "<cuda/barrier>", "<cuda/std/version>", "<type_traits>"):
+        assert -1 < build.index(f"#include {header}") < guard
+    assert build.index('#include "candidate.cu"') > guard
 
 
 def test_a_pasted_has_include_cannot_tell_whether_a_host_file_exists(tmp_path: Path) -> None:

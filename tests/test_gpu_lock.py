@@ -12,10 +12,11 @@ import pytest
 from ptxgym.gpu_lock import exclusive_gpu, lock_path
 
 
-def _hold(cache: str, log: str, label: str) -> None:
+def _hold(cache: str, locks: str, log: str, label: str) -> None:
     import os
 
     os.environ["PTXGYM_CACHE"] = cache
+    os.environ["PTXGYM_LOCK_DIR"] = locks
     for _ in range(3):
         with exclusive_gpu(0):
             with open(log, "a") as out:
@@ -26,10 +27,15 @@ def _hold(cache: str, log: str, label: str) -> None:
 
 
 def test_processes_never_hold_the_gpu_at_once(tmp_path: Path) -> None:
+    # Each with a cache folder of its own, as separate test sessions and benchmark runs have: the
+    # lock is the machine's, not the cache's (a lock in the cache let them time at once).
     log = tmp_path / "log"
     context = multiprocessing.get_context("spawn")
     processes = [
-        context.Process(target=_hold, args=(str(tmp_path / "cache"), str(log), f"p{i}"))
+        context.Process(
+            target=_hold,
+            args=(str(tmp_path / f"cache-{i}"), str(tmp_path / "locks"), str(log), f"p{i}"),
+        )
         for i in range(3)
     ]
     for process in processes:
@@ -47,7 +53,7 @@ def test_processes_never_hold_the_gpu_at_once(tmp_path: Path) -> None:
 def test_threads_are_served_in_arrival_order(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("PTXGYM_CACHE", str(tmp_path))
+    monkeypatch.setenv("PTXGYM_LOCK_DIR", str(tmp_path / "locks"))
     served: list[int] = []
     with exclusive_gpu(0):  # held while the others line up
         threads = []

@@ -68,3 +68,59 @@ def test_confine_scrubs_moves_and_limits_the_process(tmp_path: Path) -> None:
     assert facts["c_getenv"] == 0  # gone from the C library's environment too (NULL)
     assert facts["fsize"] == MAX_FILE_BYTES and facts["core"] == 0
     assert isinstance(facts["facts"]["network_isolated"], bool)
+
+
+_SEAL_PROBE = """
+import errno, json, os, socket, subprocess, sys, threading
+from ptxgym.isolation import seal
+
+# A thread started before the filter, as the CUDA driver's are: it must be filtered too (TSYNC).
+go, done, results = threading.Event(), threading.Event(), {}
+def attempt(name, call):
+    try:
+        call()
+        results[name] = "allowed"
+    except OSError as exc:
+        results[name] = errno.errorcode.get(exc.errno, str(exc.errno))
+def early_thread():
+    go.wait()
+    attempt("fork_from_early_thread", lambda: os._exit(0) if os.fork() == 0 else None)
+    done.set()
+threading.Thread(target=early_thread).start()
+
+results["sealed"] = seal(network=sys.argv[1] == "network")
+go.set()
+done.wait()
+attempt("fork", lambda: os._exit(0) if os.fork() == 0 else None)
+attempt("execute", lambda: subprocess.run(["true"], check=False))
+attempt("signal_parent", lambda: os.kill(os.getppid(), 0))
+attempt("signal_self", lambda: os.kill(os.getpid(), 0))
+attempt("inet_socket", lambda: socket.socket(socket.AF_INET, socket.SOCK_STREAM).close())
+attempt("unix_socket", lambda: socket.socket(socket.AF_UNIX, socket.SOCK_STREAM).close())
+attempt("new_thread", lambda: threading.Thread(target=lambda: None).start())
+print(json.dumps(results))
+"""
+
+
+def _sealed(network: str) -> dict[str, object]:
+    result = subprocess.run(
+        [sys.executable, "-c", _SEAL_PROBE, network], capture_output=True, text=True, check=True
+    )
+    facts: dict[str, object] = json.loads(result.stdout)
+    return facts
+
+
+def test_the_seccomp_filter_stops_processes_signals_and_sockets_on_every_thread() -> None:
+    facts = _sealed("no-network")
+    assert facts["sealed"] is True, "this host has no libseccomp or refuses filters"
+    assert facts["fork"] == facts["fork_from_early_thread"] == facts["execute"] == "EPERM"
+    assert facts["signal_parent"] == facts["inet_socket"] == "EPERM"
+    # What CUDA, torch and the judge's channel need still works.
+    assert facts["signal_self"] == facts["unix_socket"] == facts["new_thread"] == "allowed"
+
+
+def test_the_tool_runs_filter_keeps_sockets_for_the_tools() -> None:
+    facts = _sealed("network")
+    assert facts["sealed"] is True
+    assert facts["inet_socket"] == "allowed"
+    assert facts["fork"] == facts["signal_parent"] == "EPERM"

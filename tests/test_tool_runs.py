@@ -74,6 +74,7 @@ def judge(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Judge:
     )
     monkeypatch.setenv("PTXGYM_NCU", str(_stand_in(tools, "ncu", _NCU_REPORT, marks)))
     monkeypatch.setenv("PTXGYM_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("PTXGYM_LOCK_DIR", str(tmp_path / "locks"))
     stand_in = Judge.__new__(Judge)  # the tool logic needs only the settings and the device
     stand_in.settings = JudgeSettings(memcheck=True, profile=True)
     stand_in.device = 0
@@ -129,7 +130,7 @@ def test_the_job_tells_the_program_where_the_gpu_lock_and_the_judge_are(
     run = pending["memcheck"]
     assert run.call is not None
     job = json.loads((run.call.folder / "job.json").read_text())
-    assert job["gpu_lock"] == str(tmp_path / "cache" / "locks" / "gpu-0.lock")
+    assert job["gpu_lock"] == str(tmp_path / "locks" / "gpu-0.lock")
     assert job["library"] == "/x.so" and job["seed"] == 7
     for each in pending.values():
         each.cancel()

@@ -68,13 +68,13 @@ class Bench:
 
 def snapshot() -> dict[str, tuple[int, int]]:
     """Size and modification time of every file a candidate has no business touching: the
-    repository and ptxgym's cache (its build cache, locks, judge sockets and baselines aside,
+    repository and ptxgym's cache (its build cache, judge sockets and baselines aside,
     which the evaluation itself writes), and the top level of the home folder."""
     repository = Path(__file__).resolve().parents[2]
     cache = paths.cache_dir()
-    # Written by the evaluation and the test run themselves: build cache, locks, judge sockets,
+    # Written by the evaluation and the test run themselves: build cache, judge sockets,
     # and the GPU host script's output folder.
-    skipped = {".git", "__pycache__", ".pytest_cache", "builds", "locks", "judges", ".venv", "out"}
+    skipped = {".git", "__pycache__", ".pytest_cache", "builds", "judges", ".venv", "out"}
     files: dict[str, tuple[int, int]] = {}
     for root in (repository, cache):
         if not root.is_dir():
