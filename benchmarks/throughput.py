@@ -45,15 +45,21 @@ STAGES = (
 
 
 def trajectory(
-    evaluator: LocalGPUEvaluator, task_id: str, source: str, label: str, steps: int
+    evaluator: LocalGPUEvaluator,
+    task_id: str,
+    source: str,
+    label: str,
+    steps: int,
+    distinct: bool = True,
 ) -> list[dict[str, Any]]:
-    """One env stepping ``steps`` distinct sources; the per-step record of each."""
+    """One env stepping ``steps`` sources, distinct (each compiles) or all the same (the build
+    cache answers after the first); the per-step record of each."""
     env = PTXKernelEnv(task_id, turns=max(steps, 1), evaluator=evaluator)
     env.reset(seed=0)
     records = []
     for step in range(steps):
         started = time.perf_counter()
-        info = env.step(f"{source}\n// {label} step {step}\n")[4]
+        info = env.step(f"{source}\n// {label} step {step}\n" if distinct else source)[4]
         outcome = info["outcome"]
         records.append(
             {
@@ -123,14 +129,27 @@ def main() -> None:
     out = args.out / "throughput.json"
     # A first step starts the judge and builds the workload state (baseline included).
     results["first_step"] = trajectory(evaluator, args.task, source, "warm-up", 1)[0]
+    # Step latency without compiling: the same source again (a cache hit), every stage on.
+    cached = trajectory(evaluator, args.task, source, "cached", 4, distinct=False)[1:]
+    results["cached"] = {
+        "p50_step_s": statistics.median(r["step_s"] for r in cached),
+        "p50_stage_s": {
+            stage: statistics.median(r["stages"].get(stage, 0.0) for r in cached)
+            for stage in STAGES
+        },
+    }
     # Workload reuse: sequential steps of the correctness and timing stages alone (no sanitizer
     # or profile, whose cost does not depend on the state), with and without reuse.
+    # The same cached build in both, so that only the evaluation differs.
     reuse = {}
     for label, reuse_state in (("reuse", True), ("rebuild", False)):
         plain = JudgeSettings(memcheck=False, profile=False, reuse_state=reuse_state)
         sequential = LocalGPUEvaluator(settings=plain)
-        trajectory(sequential, args.task, source, f"{label}-warm-up", 1)
-        reuse[label] = run_level(sequential, args.task, source, 1, args.reuse_steps)
+        steps = trajectory(
+            sequential, args.task, source, label, args.reuse_steps + 1, distinct=False
+        )[1:]
+        seconds = [r["step_s"] for r in steps]
+        reuse[label] = {"per_hour": len(seconds) / sum(seconds) * 3600, "step_s": seconds}
     results["reuse"] = reuse
     out.write_text(json.dumps(results, indent=1))
 
@@ -182,6 +201,12 @@ def report(results: dict[str, Any]) -> None:
     for level in results["levels"]:
         cells = " | ".join(f"{level['p50_stage_s'][stage]:.2f}" for stage in STAGES)
         print(f"| {level['trajectories']} | {cells} |")
+    cached = results["cached"]
+    stages = ", ".join(f"{stage} {cached['p50_stage_s'][stage]:.2f}" for stage in STAGES)
+    print(
+        f"\nStep latency with a cached build (same source, every stage on): p50 "
+        f"{cached['p50_step_s']:.2f} s; p50 per stage: {stages}"
+    )
     reuse = results["reuse"]
     gain = reuse["reuse"]["per_hour"] / reuse["rebuild"]["per_hour"]
     print(

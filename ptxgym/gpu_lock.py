@@ -1,15 +1,20 @@
-"""One measurement at a time on a GPU, across every process on the machine.
+"""Timings never share a GPU, across every process on the machine.
 
-Anything that runs GPU work for an evaluation (a worker's correctness and timing stages, a
-workload's references and baseline timing, the sanitizer's and the profiler's one call) holds the
-GPU's lock while it does, so no timing ever shares the GPU with other work, however many judges,
-vector-env processes or threads there are. The CPU parts around them (compiling, starting
-processes, importing torch, reading reports) run outside the lock and overlap freely.
+A timing (a worker's correctness and timing stages, a workload's references and baseline) holds
+its GPU **exclusively**: nothing else of ours runs GPU work meanwhile. The other GPU work of an
+evaluation (the sanitizer's and the profiler's one call, a worker's CUDA start-up) holds it
+**shared**: any number at once, but never during a timing. The CPU parts around them (compiling,
+starting processes, importing torch, reading reports) hold nothing and overlap freely. Exclusive
+holders are preferred: once one waits, new shared holders wait behind it, so timings are never
+starved by a stream of tool runs.
 
-The lock is an ``flock`` on a file named after the physical GPU, in one folder for the whole
-machine (``paths.lock_dir``: not the cache folder, which differs between users, test sessions and
-benchmark runs), so it holds between processes and ends with the process that holds it (a killed
-holder never leaves it locked). Waiters inside one process are served first come, first served.
+The lock is a pair of ``flock``s on files named after the physical GPU, in one folder for the
+whole machine (``paths.lock_dir``: not the cache folder, which differs between users, test
+sessions and benchmark runs), so it holds between processes and ends with the process that
+holds it (a killed holder never leaves it locked). The main file is held exclusively or shared;
+the turnstile beside it is held by an exclusive holder from its arrival to its end and crossed
+briefly by shared ones, which is what makes waiting exclusive holders come first. Exclusive
+waiters inside one process are served first come, first served.
 """
 
 from __future__ import annotations
@@ -64,31 +69,52 @@ def lock_path(device: int) -> Path:
 
 
 def exclusive_gpu(device: int) -> contextlib.AbstractContextManager[float]:
-    """Hold GPU ``device`` for this block; yields the seconds spent waiting for it."""
-    return holding(lock_path(device))
+    """Hold GPU ``device`` alone for this block; yields the seconds spent waiting for it."""
+    return holding(lock_path(device), exclusive=True)
+
+
+def shared_gpu(device: int) -> contextlib.AbstractContextManager[float]:
+    """Hold GPU ``device`` with other shared holders, never during a timing; yields the wait."""
+    return holding(lock_path(device), exclusive=False)
 
 
 @contextmanager
-def holding(path: Path) -> Iterator[float]:
-    """Hold the GPU whose lock file is ``path`` (a child process is given the path, since its
-    scrubbed environment cannot locate ptxgym's cache folder)."""
+def holding(path: Path, exclusive: bool = True) -> Iterator[float]:
+    """Hold the GPU whose lock file is ``path``, alone or shared (a child process is given the
+    path, since its scrubbed environment cannot locate ptxgym's folders)."""
+    started = time.perf_counter()
+    if not exclusive:
+        with _locked(_turnstile(path), fcntl.LOCK_EX):
+            pass  # wait behind any exclusive holder that arrived first
+        with _locked(path, fcntl.LOCK_SH):
+            yield time.perf_counter() - started
+        return
     with _gates_mutex:
         gate = _gates.setdefault(str(path), _FifoGate())
-    started = time.perf_counter()
     gate.acquire()
     try:
-        _make_shared_folder(path.parent)
-        # O_CLOEXEC: processes started while it is held (workers, compilers) must not inherit it.
-        descriptor = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
-        with contextlib.suppress(OSError):  # others' processes open it too (umask aside)
-            os.fchmod(descriptor, 0o666)
-        try:
-            fcntl.flock(descriptor, fcntl.LOCK_EX)
+        with _locked(_turnstile(path), fcntl.LOCK_EX), _locked(path, fcntl.LOCK_EX):
             yield time.perf_counter() - started
-        finally:
-            os.close(descriptor)  # closing releases the flock
     finally:
         gate.release()
+
+
+def _turnstile(path: Path) -> Path:
+    return path.with_name(path.name + ".turnstile")
+
+
+@contextmanager
+def _locked(path: Path, operation: int) -> Iterator[None]:
+    _make_shared_folder(path.parent)
+    # O_CLOEXEC: processes started while it is held (workers, compilers) must not inherit it.
+    descriptor = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+    try:
+        with contextlib.suppress(OSError):  # others' processes open it too (umask aside)
+            os.fchmod(descriptor, 0o666)
+        fcntl.flock(descriptor, operation)
+        yield
+    finally:
+        os.close(descriptor)  # closing releases the flock
 
 
 def _make_shared_folder(folder: Path) -> None:

@@ -49,6 +49,7 @@ class PendingCall:
         *,
         device: int,
         prefix: str,
+        exclusive: bool = False,
     ) -> None:
         self.folder = Path(tempfile.mkdtemp(prefix=prefix))
         self.device = device
@@ -60,6 +61,10 @@ class PendingCall:
             "workload": dict(workload),
             "seed": seed,
             "gpu_lock": str(lock_path(device)),
+            # Shared: tool runs overlap one another, never a timing (ptxgym.gpu_lock). A finding
+            # is confirmed by a run with the GPU to itself, where no one else's memory use can
+            # have caused it.
+            "exclusive": exclusive,
             "go": str(self._go),
             "stop": str(self._stop),
             "judge_pid": os.getpid(),
@@ -137,7 +142,7 @@ def run_job(job_path: str) -> int:
     seal(network=True)
     # The GPU is held only while this process uses it: start-up before and the tool's report
     # after overlap other evaluations' GPU work.
-    with holding(Path(job["gpu_lock"])):
+    with holding(Path(job["gpu_lock"]), exclusive=bool(job["exclusive"])):
         entry = Entry(job["library"], task)
         inputs = make_inputs(task, workload, int(job["seed"]), False)
         outputs = allocate_outputs(task, axes)

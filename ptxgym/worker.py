@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ptxgym import channel
+from ptxgym.gpu_lock import holding
 from ptxgym.isolation import confine, seal
 from ptxgym.tasks import Task
 from ptxgym.timing import Timer
@@ -114,7 +115,7 @@ def error_name(code: int) -> str:
         return f"error {code}"
 
 
-def worker_main(conn: Connection, device: int, log_path: str, home: str) -> None:
+def worker_main(conn: Connection, device: int, log_path: str, home: str, gpu_lock: str) -> None:
     """Process entry: set up, report ready, serve one job, exit."""
     log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     os.dup2(log, 1)
@@ -126,9 +127,11 @@ def worker_main(conn: Connection, device: int, log_path: str, home: str) -> None
     faulthandler.enable()
     import torch
 
-    torch.cuda.set_device(device)
-    torch.zeros(1, device="cuda")
-    timer = Timer()
+    # Making a CUDA context and starting CUPTI touch the GPU: never during a timing.
+    with holding(Path(gpu_lock), exclusive=False):
+        torch.cuda.set_device(device)
+        torch.zeros(1, device="cuda")
+        timer = Timer()
     # CUDA, torch and CUPTI are up: from here on no new processes, no signals to others, no
     # sockets but the judge's kind (ptxgym.seccomp), for the candidate's code and ours alike.
     isolation["system_calls_filtered"] = seal(network=False)

@@ -37,6 +37,7 @@ from ptxgym.tasks import get_task
 GEMM = get_task("PTX-H100-GEMM")
 CATALOGUE = load_all()
 CPU_ATTACKS = [attack for attack in CATALOGUE if attack.stage == "cpu"]
+GPU_ATTACKS = [attack for attack in CATALOGUE if attack.stage == "gpu"]
 
 
 def _param(attack: Attack) -> object:
@@ -121,6 +122,17 @@ def test_cpu_attack_is_stopped_before_it_runs(
     if attack.compile_timeout_s is not None:
         # A bomb is cut off at its deadline, not after the compiler gives up on its own.
         assert time.perf_counter() - started < attack.compile_timeout_s + 30
+
+
+@pytest.mark.nvcc
+@pytest.mark.parametrize("attack", [pytest.param(a, id=a.name) for a in GPU_ATTACKS])
+def test_gpu_attack_gets_past_the_build(attack: Attack, secret: Secret, tmp_path: Path) -> None:
+    # A run decides these (tests/hostile/test_hostile_gpu.py); that test means something only if
+    # the kernel really reaches the GPU, unless its header counts a build failure as stopped.
+    outcome = CompileOnlyEvaluator().evaluate(GEMM, attack.render(secret.path, tmp_path / "canary"))
+    assert outcome.status in {Status.COMPILED} | (attack.expect & CPU_STATUSES), (
+        f"{attack.name}: {outcome.status}\n{_everything_shown(outcome)}"
+    )
 
 
 def test_compile_bombs_use_a_short_deadline() -> None:
