@@ -247,6 +247,8 @@ class LocalGPUEvaluator:
         if stopped is not None:
             return stopped
         assert build is not None and build.library is not None
+        # This step's wall time for the build: a cache hit's result keeps its original seconds.
+        compile_seconds = time.perf_counter() - started
         deadline = time.time() + self.queue_timeout_s if self.queue_timeout_s is not None else None
         handle = judge_for(self.device, self.settings, self.shared)
         verdict: Verdict = handle.submit(
@@ -269,7 +271,7 @@ class LocalGPUEvaluator:
             profile=verdict.profile,
             worker_log=verdict.worker_log,
             seconds=time.perf_counter() - started,
-            stage_seconds={"compile": build.seconds, **verdict.stage_seconds},
+            stage_seconds={"compile": compile_seconds, **verdict.stage_seconds},
             isolation=verdict.isolation,
         )
 

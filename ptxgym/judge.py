@@ -29,7 +29,7 @@ from typing import Any
 from ptxgym import channel
 from ptxgym.baselines import baseline_key, cached_baseline, store_baseline
 from ptxgym.correctness import CheckReport, check_outputs
-from ptxgym.gpu_lock import exclusive_gpu, lock_path
+from ptxgym.gpu_lock import exclusive_gpu, lock_path, shared_gpu
 from ptxgym.gpus import visible_gpus
 from ptxgym.outcome import Status
 from ptxgym.profile import DEFAULT_TIMEOUT_S as DEFAULT_PROFILE_TIMEOUT_S
@@ -226,10 +226,13 @@ class Judge:
         self.torch = torch
         self.device = device
         self.settings = settings
-        torch.cuda.set_device(device)
+        # Making the CUDA context and starting CUPTI touch the GPU: never during a timing.
+        with shared_gpu(device):
+            torch.cuda.set_device(device)
+            torch.zeros(1, device="cuda")
+            self.timer = Timer()
         self.context = multiprocessing.get_context("spawn")
         self.folder = Path(tempfile.mkdtemp(prefix="ptxgym-judge-"))
-        self.timer = Timer()
         # Least recently used first; evicted beyond settings.state_budget_bytes.
         self.states: collections.OrderedDict[tuple[str, str], _WorkloadState] = (
             collections.OrderedDict()
@@ -432,9 +435,9 @@ class Judge:
     def _finish_tools(
         self, pending: dict[str, PendingSanitizer | PendingProfile], status: Status
     ) -> tuple[tuple[SanitizerReport, ...], InstructionProfile | None]:
-        """Run the tools this status calls for, all at once (their GPU parts share the GPU, never
-        with a timing: ptxgym.gpu_lock), and drop the others. A profile is run for a pass, and
-        kept by the caller only if memcheck agrees."""
+        """Run the tools this status calls for, all at once (their GPU parts take turns under
+        the GPU lock), and drop the others. A profile is run for a pass, and kept by the
+        caller only if memcheck agrees."""
         wanted: set[str] = set(self._sanitizer_tools(status))
         if status is Status.PASSED:
             wanted.add("profile")
@@ -452,23 +455,7 @@ class Judge:
     def _finish(
         self, run: PendingSanitizer | PendingProfile
     ) -> SanitizerReport | InstructionProfile:
-        """Give one tool run the word; never raises (a failure is an unknown result). Tool runs
-        share the GPU with one another, so what could be someone else's doing there (a finding,
-        or a run that failed: another candidate may have held all the memory) is confirmed by
-        the same run with the GPU to itself; only that run's result counts."""
-        result = self._finish_once(run)
-        doubtful = not result.ok or (isinstance(result, SanitizerReport) and result.errors > 0)
-        if doubtful and not run.exclusive:
-            confirmation = run.alone()
-            try:
-                result = self._finish_once(confirmation)
-            finally:
-                confirmation.cancel()
-        return result
-
-    def _finish_once(
-        self, run: PendingSanitizer | PendingProfile
-    ) -> SanitizerReport | InstructionProfile:
+        """Give one tool run the word; never raises (a failure is an unknown result)."""
         try:
             if isinstance(run, PendingProfile):
                 return run.finish(self.settings.profile_timeout_s)

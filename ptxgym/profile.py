@@ -134,11 +134,8 @@ class PendingProfile:
         seed: int,
         *,
         device: int,
-        exclusive: bool = False,
     ) -> None:
         self.task = task
-        self.exclusive = exclusive
-        self._arguments = (task, library, workload, seed, device)
         self.failure: str | None = None
         self.call: PendingCall | None = None
         ncu = find_ncu()
@@ -150,13 +147,7 @@ class PendingProfile:
             self.failure = f"Nsight Compute's Python report interface was not found beside {ncu}"
             return
         self.call = PendingCall(
-            task,
-            library,
-            workload,
-            seed,
-            device=device,
-            exclusive=exclusive,
-            prefix="ptxgym-profile-",
+            task, library, workload, seed, device=device, prefix="ptxgym-profile-"
         )
         self.report = self.call.folder / "profile.ncu-rep"
         self.call.start(
@@ -227,11 +218,6 @@ class PendingProfile:
     def cancel(self) -> None:
         if self.call is not None:
             self.call.close()
-
-    def alone(self) -> PendingProfile:
-        """The same call again, started to run with the GPU to itself."""
-        task, library, workload, seed, device = self._arguments
-        return PendingProfile(task, library, workload, seed, device=device, exclusive=True)
 
 
 def profile_candidate(

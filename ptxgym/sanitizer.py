@@ -72,23 +72,14 @@ class PendingSanitizer:
         *,
         device: int,
         tool: Tool = "memcheck",
-        exclusive: bool = False,
     ) -> None:
         self.tool = tool
-        self.exclusive = exclusive
-        self._arguments = (task, library, workload, seed, device)
         self.call: PendingCall | None = None
         sanitizer = find_compute_sanitizer()
         if sanitizer is None:
             return
         self.call = PendingCall(
-            task,
-            library,
-            workload,
-            seed,
-            device=device,
-            exclusive=exclusive,
-            prefix=f"ptxgym-{tool}-",
+            task, library, workload, seed, device=device, prefix=f"ptxgym-{tool}-"
         )
         self.call.start(
             [
@@ -135,13 +126,6 @@ class PendingSanitizer:
     def cancel(self) -> None:
         if self.call is not None:
             self.call.close()
-
-    def alone(self) -> PendingSanitizer:
-        """The same call again, started to run with the GPU to itself."""
-        task, library, workload, seed, device = self._arguments
-        return PendingSanitizer(
-            task, library, workload, seed, device=device, tool=self.tool, exclusive=True
-        )
 
 
 def sanitize_candidate(

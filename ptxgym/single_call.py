@@ -49,7 +49,6 @@ class PendingCall:
         *,
         device: int,
         prefix: str,
-        exclusive: bool = False,
     ) -> None:
         self.folder = Path(tempfile.mkdtemp(prefix=prefix))
         self.device = device
@@ -61,10 +60,6 @@ class PendingCall:
             "workload": dict(workload),
             "seed": seed,
             "gpu_lock": str(lock_path(device)),
-            # Shared: tool runs overlap one another, never a timing (ptxgym.gpu_lock). A finding
-            # is confirmed by a run with the GPU to itself, where no one else's memory use can
-            # have caused it.
-            "exclusive": exclusive,
             "go": str(self._go),
             "stop": str(self._stop),
             "judge_pid": os.getpid(),
@@ -137,12 +132,14 @@ def run_job(job_path: str) -> int:
     task = Task.model_validate(job["task"])
     workload = job["workload"]
     axes = {**task.definition.const_axes, **workload["axes"]}
-    torch.zeros(1, device="cuda")  # the CUDA context, made before the GPU is taken
+    # The CUDA context is made sharing the GPU (never during a timing); the call itself has the
+    # GPU to itself. Nsight Compute and compute-sanitizer do not overlap well: on the H200, runs
+    # sharing the GPU made a step slower, not faster (docs/benchmarks.md, third session).
+    with holding(Path(job["gpu_lock"]), exclusive=False):
+        torch.zeros(1, device="cuda")
     # The tools talk to this process over sockets, so those stay; the rest of the filter holds.
     seal(network=True)
-    # The GPU is held only while this process uses it: start-up before and the tool's report
-    # after overlap other evaluations' GPU work.
-    with holding(Path(job["gpu_lock"]), exclusive=bool(job["exclusive"])):
+    with holding(Path(job["gpu_lock"])):
         entry = Entry(job["library"], task)
         inputs = make_inputs(task, workload, int(job["seed"]), False)
         outputs = allocate_outputs(task, axes)

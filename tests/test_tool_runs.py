@@ -40,7 +40,6 @@ while True:
         break
     time.sleep(0.01)
 (marks / (name + ".went")).write_text(str(time.monotonic()))
-(marks / (name + (".alone" if job["exclusive"] else ".shared"))).touch()
 {report}
 """
 
@@ -119,42 +118,9 @@ def test_a_pass_runs_both_and_a_hang_runs_neither(judge: Judge, tmp_path: Path) 
     assert "stand-in reader" in profile.reason
     marks = tmp_path / "marks"
     assert (marks / "ncu.went").exists() and (marks / "compute-sanitizer.went").exists()
-    # A failed profile is tried again with the GPU to itself before it counts as unknown.
-    assert (marks / "ncu.shared").exists() and (marks / "ncu.alone").exists()
 
     pending = judge._start_tools(GEMM, "/x.so", _state())
     assert judge._finish_tools(pending, Status.TIMEOUT) == ((), None)
-
-
-def test_a_clean_memcheck_runs_once_sharing_the_gpu(judge: Judge, tmp_path: Path) -> None:
-    pending = judge._start_tools(GEMM, "/x.so", _state())
-    (memcheck,), _ = judge._finish_tools(pending, Status.RUNTIME_ERROR)
-    assert memcheck.clean
-    marks = tmp_path / "marks"
-    assert (marks / "compute-sanitizer.shared").exists()
-    assert not (marks / "compute-sanitizer.alone").exists()
-
-
-def test_a_finding_is_confirmed_with_the_gpu_to_itself(
-    judge: Judge, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # Another candidate's memory use could have caused a finding made while sharing the GPU:
-    # only the run that had it alone decides.
-    finding = (
-        'print("========= Invalid __global__ write of size 2 bytes\\n'
-        '========= ERROR SUMMARY: 1 error")'
-    )
-    tools = tmp_path / "finding-tools"
-    tools.mkdir()
-    marks = tmp_path / "marks"
-    monkeypatch.setenv(
-        "PTXGYM_COMPUTE_SANITIZER", str(_stand_in(tools, "compute-sanitizer", finding, marks))
-    )
-    pending = judge._start_tools(GEMM, "/x.so", _state())
-    (memcheck,), _ = judge._finish_tools(pending, Status.RUNTIME_ERROR)
-    assert memcheck.ok and memcheck.errors == 1
-    assert (marks / "compute-sanitizer.shared").exists()
-    assert (marks / "compute-sanitizer.alone").exists()
 
 
 def test_the_job_tells_the_program_where_the_gpu_lock_and_the_judge_are(
@@ -166,7 +132,6 @@ def test_the_job_tells_the_program_where_the_gpu_lock_and_the_judge_are(
     job = json.loads((run.call.folder / "job.json").read_text())
     assert job["gpu_lock"] == str(tmp_path / "locks" / "gpu-0.lock")
     assert job["library"] == "/x.so" and job["seed"] == 7
-    assert job["exclusive"] is False  # tool runs share the GPU, never with a timing
     for each in pending.values():
         each.cancel()
 
