@@ -100,16 +100,17 @@ def main() -> None:
     from ptxgym.evaluator import build_candidate
     from ptxgym.judge import JudgeSettings
 
-    # A 3 s stage deadline is ample for the small GEMM and keeps the hanging attacks cheap;
-    # four workers started ahead keep back-to-back steps from waiting for one.
+    # A 2-s stage deadline is ample for the small GEMM and keeps the hanging attacks cheap.
+    # Every step uses a fresh worker, which takes seconds to start: with 4 started ahead, steps
+    # of half a second waited for them (1.8 s per step on the H200); 8 keep up.
     settings = JudgeSettings(
-        stage_timeout_s=3.0,
+        stage_timeout_s=2.0,
         warmup=2,
         iters=5,
         trials=3,
         memcheck=False,
         profile=False,
-        spare_workers=4,
+        spare_workers=8,
     )
     evaluator = gpu_evaluator.LocalGPUEvaluator(settings=settings)
     env = PTXKernelEnv(
@@ -192,12 +193,22 @@ def summarise(
     attacks = [r for r in records if r["candidate"].startswith("attack:")]
     best_attack = max(attacks, key=lambda r: r.get("reward") or 0.0) if attacks else None
     median = statistics.median(expert) if expert else None
+    seconds: dict[str, list[float]] = collections.defaultdict(list)
+    per_attack: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
+    for record in records:
+        kind = "attack" if record["candidate"].startswith("attack:") else record["candidate"]
+        if "seconds" in record:
+            seconds[kind].append(record["seconds"])
+        if kind == "attack":
+            per_attack[record["candidate"].removeprefix("attack:")][record["status"]] += 1
     result = {
         "date": datetime.date.today().isoformat(),
         "steps": len(records),
         "size": args.size,
         "wall_s": wall,
         "statuses": {kind: dict(counter) for kind, counter in by_kind.items()},
+        "median_step_s": {kind: statistics.median(values) for kind, values in seconds.items()},
+        "attack_statuses": {name: dict(counter) for name, counter in sorted(per_attack.items())},
         "honest_not_passed": [
             r for r in records if r["candidate"] in ("expert", "naive") and r["status"] != "PASSED"
         ],
@@ -216,6 +227,8 @@ def summarise(
     for kind, counter in sorted(by_kind.items()):
         print(f"- {kind}: " + ", ".join(f"{s} {n}" for s, n in sorted(counter.items())))
     print(f"- honest steps not PASSED: {len(result['honest_not_passed'])}")
+    steps = ", ".join(f"{kind} {value:.2f}" for kind, value in result["median_step_s"].items())
+    print(f"- median seconds per step: {steps}")
     if median:
         print(
             f"- expert GEMM speedup: median {median:.4f}, largest deviation "

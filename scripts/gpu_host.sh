@@ -2,7 +2,11 @@
 # On a bare GPU host (no package registry): install the wheels carried in .whl/, then run the GPU
 # tests and the benchmarks. Usage: scripts/gpu_host.sh [tests|bench|soak|all] [pytest args...]
 # (soak, the 500-step hostile soak of benchmarks/soak.py, is not part of all: it takes minutes.)
-# Results go to $OUT (default benchmarks/out): the pytest log and the benchmark JSON/markdown.
+# Results go to $OUT (default benchmarks/out): the pytest logs and the benchmark JSON/markdown.
+#
+# The GPU tests run as three pytest sessions at once, which the GPU lock makes safe (every timing
+# has the GPU to itself, across processes), then the library reference checks, which call
+# cuBLAS, cuDNN and FlashInfer directly, outside the lock, alone.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 what=${1:-all}
@@ -23,8 +27,28 @@ nvidia-smi --query-gpu=name,driver_version,compute_cap --format=csv,noheader | t
 python3 -c 'import torch; print("torch", torch.__version__, "cudnn", torch.backends.cudnn.version())'
 
 status=0
+gpu_tests() {  # name, then pytest paths
+  local name=$1
+  shift
+  python3 -m pytest -m gpu -q -p no:cacheprovider -rfE --durations=10 "$@" ${pytest_args[@]+"${pytest_args[@]}"} \
+    >"$out/pytest-gpu-$name.log" 2>&1
+}
 if [[ $what == tests || $what == all ]]; then
-  python3 -m pytest -m gpu -q -p no:cacheprovider "$@" 2>&1 | tee "$out/pytest-gpu.log" || status=1
+  pytest_args=("$@")
+  gpu_tests evaluation tests/gpu/test_gpu_evaluation.py tests/gpu/test_gpu_profile.py \
+    tests/gpu/test_gpu_sanitizer.py tests/gpu/test_expert_examples.py &
+  evaluation=$!
+  gpu_tests hostile tests/hostile &
+  hostile=$!
+  gpu_tests concurrency tests/gpu/test_pack_wrappers.py tests/gpu/test_shared_judge.py \
+    tests/gpu/test_concurrent_envs.py &
+  concurrency=$!
+  for job in $evaluation $hostile $concurrency; do wait "$job" || status=1; done
+  gpu_tests references tests/gpu/test_kernels_ref.py tests/gpu/test_naive_examples.py || status=1
+  for name in evaluation hostile concurrency references; do
+    echo "== $name: $(tail -n 1 "$out/pytest-gpu-$name.log")"
+    grep -E "^(FAILED|ERROR)" "$out/pytest-gpu-$name.log" || true
+  done
 fi
 if [[ $what == bench || $what == all ]]; then
   python3 benchmarks/gpu_evaluation.py --out "$out" || status=1

@@ -16,6 +16,7 @@ as in tests/gpu/test_gpu_evaluation.py; the correctness protocol is not.
 from __future__ import annotations
 
 import json
+import statistics
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -61,7 +62,7 @@ class Bench:
     env: PTXKernelEnv
     secret: Secret
     canaries: Path
-    first_speedup: float
+    honest_speedup: float  # the median of three honest steps
     files_before: dict[str, tuple[int, int]]
     runs: dict[str, Run] = field(default_factory=dict)
 
@@ -105,8 +106,11 @@ def bench(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bench]:
         evaluator=LocalGPUEvaluator(settings=SETTINGS),
     )
     env.reset(seed=0)
-    first = env.step(NAIVE_GEMM)[4]
-    assert first["status"] == "PASSED", first["feedback"]
+    # The honest kernel's reference speed: the median of three steps, so that one step disturbed
+    # by something outside the protocol cannot fail every "next step" check below.
+    honest = [env.step(NAIVE_GEMM)[4] for _ in range(3)]
+    for info in honest:
+        assert info["status"] == "PASSED", info["feedback"]
     # Canaries go where a worker must never write: ptxgym's own cache folder (a test-private
     # one, see tests/conftest.py).
     canaries = paths.cache_dir() / "hostile-canaries"
@@ -115,7 +119,7 @@ def bench(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bench]:
         env=env,
         secret=make_secret(tmp_path_factory.mktemp("hostile-secret")),
         canaries=canaries,
-        first_speedup=float(first["outcome"]["speedup"]),
+        honest_speedup=statistics.median(float(i["outcome"]["speedup"]) for i in honest),
         files_before=snapshot(),
     )
     env.close()
@@ -193,7 +197,7 @@ def test_the_next_step_is_unaffected(bench: Bench, attack: Attack) -> None:
     after = run_attack(bench, attack).after
     assert after["status"] == "PASSED", after["feedback"]
     assert after["outcome"]["speedup"] == pytest.approx(
-        bench.first_speedup, rel=SPEEDUP_TOLERANCE
+        bench.honest_speedup, rel=SPEEDUP_TOLERANCE
     ), f"after {attack.name}: {after['feedback']}"
 
 
