@@ -8,7 +8,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from ptxgym.isolation import MAX_FILE_BYTES, scrubbed_environment
+import pytest
+
+from ptxgym import seccomp
+from ptxgym.isolation import MAX_FILE_BYTES, scrubbed_environment, seal
 
 
 def test_only_what_cuda_and_python_need_is_kept(tmp_path: Path) -> None:
@@ -124,3 +127,14 @@ def test_the_tool_runs_filter_keeps_sockets_for_the_tools() -> None:
     assert facts["sealed"] is True
     assert facts["inet_socket"] == "allowed"
     assert facts["fork"] == facts["signal_parent"] == "EPERM"
+
+
+def test_without_libseccomp_the_worker_says_so_and_goes_on(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def missing() -> None:
+        raise seccomp.SeccompUnavailable("libseccomp is not installed (test)")
+
+    monkeypatch.setattr(seccomp, "_library", missing)
+    assert seal(network=False) is False  # reported in outcome.isolation, not silently ignored
+    assert "no seccomp filter: libseccomp is not installed" in capsys.readouterr().err
