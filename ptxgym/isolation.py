@@ -14,6 +14,9 @@
 - A seccomp filter (``ptxgym.seccomp``), installed once CUDA is up and before the candidate's
   library is loaded: no new processes or programs, no signals to other processes, no tracing,
   and in the worker no sockets but ``AF_UNIX``.
+- Writes confined to the process's own folder and device files (``ptxgym.landlock``), where
+  the kernel has Landlock: in the worker from before CUDA starts (so the driver's threads,
+  which run host callbacks, are confined too); in the single-call processes once CUDA is up.
 
 docs/security.md lists what this does not cover.
 """
@@ -25,6 +28,7 @@ import resource
 import sys
 from pathlib import Path
 
+from ptxgym.landlock import LandlockUnavailable, confine_writes
 from ptxgym.seccomp import SeccompUnavailable, restrict_system_calls
 
 MAX_FILE_BYTES = 64 << 20
@@ -62,8 +66,9 @@ def scrubbed_environment(folder: Path, base: dict[str, str] | None = None) -> di
 
 def confine(folder: Path) -> dict[str, bool]:
     """Confine this process before it loads candidate code: scrubbed environment, ``folder`` as
-    working directory, file-size and core limits, and its own network namespace when allowed.
-    Returns which of the optional steps took effect."""
+    working directory, file-size and core limits, its own network namespace when allowed, and
+    writes only beneath ``folder`` where the kernel has Landlock. Returns which of the optional
+    steps took effect."""
     folder.mkdir(parents=True, exist_ok=True)
     environment = scrubbed_environment(folder)
     for name in list(os.environ):
@@ -72,7 +77,7 @@ def confine(folder: Path) -> dict[str, bool]:
     os.environ.update(environment)
     os.chdir(folder)
     limit_resources()
-    return {"network_isolated": _unshare_network()}
+    return {"network_isolated": _unshare_network(), "writes_confined": restrict_writes(folder)}
 
 
 def seal(network: bool) -> bool:
@@ -84,6 +89,17 @@ def seal(network: bool) -> bool:
         restrict_system_calls(network)
     except SeccompUnavailable as exc:
         print(f"ptxgym: no seccomp filter: {exc}", file=sys.stderr, flush=True)
+        return False
+    return True
+
+
+def restrict_writes(folder: Path) -> bool:
+    """Allow writing only beneath ``folder`` (and to device files) from now on, in this thread
+    and all it starts. False, with the reason on stderr, where the kernel has no Landlock."""
+    try:
+        confine_writes([folder])
+    except (LandlockUnavailable, OSError) as exc:
+        print(f"ptxgym: writes not confined: {exc}", file=sys.stderr, flush=True)
         return False
     return True
 

@@ -59,7 +59,7 @@ class Outcome:
     ``sanitizers`` what compute-sanitizer's tools found. ``stage_seconds``: wall seconds per stage
     (compile, state, worker_start, gpu_wait, correctness, timing, memcheck, racecheck, profile).
     ``isolation``: which confinement steps took effect in the worker (network_isolated,
-    system_calls_filtered; see ptxgym.isolation).
+    writes_confined, system_calls_filtered; see ptxgym.isolation).
     """
 
     task_id: str

@@ -27,7 +27,7 @@ from typing import Any
 
 from ptxgym.gpu_lock import holding, lock_path
 from ptxgym.gpus import physical_device
-from ptxgym.isolation import limit_resources, scrubbed_environment, seal
+from ptxgym.isolation import limit_resources, restrict_writes, scrubbed_environment, seal
 from ptxgym.processes import ProcessGroup
 from ptxgym.tasks import Task
 
@@ -139,6 +139,8 @@ def run_job(job_path: str) -> int:
         torch.zeros(1, device="cuda")
     # The tools talk to this process over sockets, so those stay; the rest of the filter holds.
     seal(network=True)
+    # Writes only in this call's folder from here on (the tool's own processes write the report).
+    restrict_writes(Path.cwd())
     with holding(Path(job["gpu_lock"])):
         entry = Entry(job["library"], task)
         inputs = make_inputs(task, workload, int(job["seed"]), False)

@@ -44,7 +44,15 @@ import ctypes, json, os, resource, sys
 from pathlib import Path
 from ptxgym.isolation import confine
 facts = confine(Path(sys.argv[1]))
+def writes(path):
+    try:
+        Path(path).write_text("x")
+        return True
+    except PermissionError:
+        return False
 print(json.dumps({
+    "writes_inside": writes(Path(sys.argv[1]) / "inside"),
+    "writes_outside": writes(sys.argv[2]),
     "facts": facts,
     "cwd": os.getcwd(),
     "secret": os.environ.get("PTXGYM_TEST_SECRET"),
@@ -59,7 +67,7 @@ print(json.dumps({
 def test_confine_scrubs_moves_and_limits_the_process(tmp_path: Path) -> None:
     folder = tmp_path / "worker"
     result = subprocess.run(
-        [sys.executable, "-c", _PROBE, str(folder)],
+        [sys.executable, "-c", _PROBE, str(folder), str(tmp_path / "outside")],
         capture_output=True,
         text=True,
         check=True,
@@ -71,6 +79,10 @@ def test_confine_scrubs_moves_and_limits_the_process(tmp_path: Path) -> None:
     assert facts["c_getenv"] == 0  # gone from the C library's environment too (NULL)
     assert facts["fsize"] == MAX_FILE_BYTES and facts["core"] == 0
     assert isinstance(facts["facts"]["network_isolated"], bool)
+    # Landlock (this CI kernel has it): writes only beneath the process's own folder.
+    assert facts["facts"]["writes_confined"] is True
+    assert facts["writes_inside"] is True and facts["writes_outside"] is False
+    assert not (tmp_path / "outside").exists()
 
 
 _SEAL_PROBE = """
@@ -138,3 +150,45 @@ def test_without_libseccomp_the_worker_says_so_and_goes_on(
     monkeypatch.setattr(seccomp, "_library", missing)
     assert seal(network=False) is False  # reported in outcome.isolation, not silently ignored
     assert "no seccomp filter: libseccomp is not installed" in capsys.readouterr().err
+
+
+_RAW_WRITE = r"""
+/* open(path, O_WRONLY|O_CREAT|O_TRUNC) as a raw system call, the instruction written as bytes:
+   the technique of tests/hostile/raw_syscall_file_write.cu, which only the kernel can stop. */
+long raw_open(const char* path) {
+  long result;
+  asm volatile(".byte 0x0f, 0x05" : "=a"(result) : "a"(2L), "D"(path), "S"(0x241L), "d"(0600L)
+               : "rcx", "r11", "memory");
+  return result;
+}
+"""
+
+_RAW_PROBE = """
+import ctypes, json, sys
+from pathlib import Path
+from ptxgym.isolation import confine
+library = ctypes.CDLL(sys.argv[1])
+library.raw_open.restype = ctypes.c_long
+confine(Path(sys.argv[2]))
+print(json.dumps({"inside": library.raw_open(sys.argv[3].encode()),
+                  "outside": library.raw_open(sys.argv[4].encode())}))
+"""
+
+
+@pytest.mark.skipif(os.uname().machine != "x86_64", reason="x86-64 system call numbers")
+def test_a_raw_system_call_cannot_write_outside_the_folder(tmp_path: Path) -> None:
+    source = tmp_path / "raw.c"
+    source.write_text(_RAW_WRITE)
+    library = tmp_path / "libraw.so"
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", library, source], check=True)
+    folder, outside = tmp_path / "worker", tmp_path / "outside"
+    result = subprocess.run(
+        [sys.executable, "-c", _RAW_PROBE, library, folder, folder / "inside", outside],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    opened = json.loads(result.stdout)
+    assert opened["inside"] >= 0  # a file descriptor
+    assert opened["outside"] == -13  # -EACCES: Landlock
+    assert not outside.exists()

@@ -85,8 +85,10 @@ def test_naive_gemm_passes_with_latency_baseline_and_speedup(env: PTXKernelEnv) 
     assert sum(check["stage"].startswith("timed call ") for check in outcome["checks"]) == 3
     assert info["reward_components"]["correct"] > 0
     assert "Speedup:" in info["feedback"]
-    # The worker ran the candidate under the seccomp filter, CUDA and CUPTI timing included.
+    # The worker ran the candidate under the seccomp filter and with its writes confined
+    # (Landlock, applied before CUDA started), CUDA and CUPTI timing included.
     assert outcome["isolation"]["system_calls_filtered"] is True
+    assert outcome["isolation"]["writes_confined"] is True
 
 
 @pytest.mark.parametrize("name", list(BROKEN))
