@@ -41,6 +41,7 @@ STAGES = (
     "timing",
     "memcheck",
     "profile",
+    "profile_read",
 )
 
 

@@ -99,7 +99,7 @@ class Verdict:
     profile: InstructionProfile | None = None
     seconds: float = 0.0
     # Wall seconds per stage: state, worker_start, gpu_wait, correctness, timing, memcheck,
-    # racecheck, profile (only the stages that ran).
+    # racecheck, profile and profile_read, its report reading (only the stages that ran).
     stage_seconds: dict[str, float] = field(default_factory=dict)
     # Which confinement steps took effect in the worker that ran the candidate.
     isolation: dict[str, bool] = field(default_factory=dict)
@@ -401,6 +401,7 @@ class Judge:
         verdict = _with_memory_errors(verdict, sanitizers)
         if profile is not None:
             stages["profile"] = profile.seconds
+            stages["profile_read"] = profile.read_seconds
             if verdict.status is not Status.PASSED:
                 profile = None  # memcheck overruled the pass
         # A crash's own words (a Python traceback, a CUDA error) help the next attempt, also

@@ -57,7 +57,8 @@ class Outcome:
     sums over the task's workloads and ``speedup`` is baseline over candidate; ``timings`` has
     each workload's figures. ``checks`` holds every output comparison made, the failing one last;
     ``sanitizers`` what compute-sanitizer's tools found. ``stage_seconds``: wall seconds per stage
-    (compile, state, worker_start, gpu_wait, correctness, timing, memcheck, racecheck, profile).
+    (compile, state, worker_start, gpu_wait, correctness, timing, memcheck, racecheck, profile,
+    and profile_read: the part of profile spent reading its report).
     ``isolation``: which confinement steps took effect in the worker (network_isolated,
     writes_confined, system_calls_filtered; see ptxgym.isolation).
     """

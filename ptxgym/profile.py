@@ -79,6 +79,8 @@ class InstructionProfile:
     kernels: tuple[KernelFacts, ...] = ()
     families: dict[str, bool] = field(default_factory=dict)
     seconds: float = 0.0
+    # Of ``seconds``, the part spent reading the report after Nsight Compute ended.
+    read_seconds: float = 0.0
 
     @property
     def qualified(self) -> bool | None:
@@ -187,6 +189,7 @@ class PendingProfile:
                 tail = output[-_TAIL_CHARS:]
                 return unknown(f"the profiled run failed (exit code {code}): {tail}")
             remaining = max(30.0, timeout_s - (time.perf_counter() - started))
+            reading = time.perf_counter()
             code, output = run_group(
                 [sys.executable, "-m", "ptxgym.profile", "read", str(self.report)],
                 env=_reader_environment(self.reader_path),
@@ -194,6 +197,7 @@ class PendingProfile:
             )
             if code != 0:
                 return unknown(f"reading the profile failed: {output[-_TAIL_CHARS:]}")
+            read_seconds = time.perf_counter() - reading
         finally:
             self.call.close()
         try:
@@ -213,6 +217,7 @@ class PendingProfile:
             kernels,
             families_executed(self.task, thread_counts),
             time.perf_counter() - started,
+            read_seconds,
         )
 
     def cancel(self) -> None:
