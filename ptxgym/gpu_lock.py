@@ -105,12 +105,17 @@ def _turnstile(path: Path) -> Path:
 
 @contextmanager
 def _locked(path: Path, operation: int) -> Iterator[None]:
-    _make_shared_folder(path.parent)
     # O_CLOEXEC: processes started while it is held (workers, compilers) must not inherit it.
-    descriptor = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+    # Read-only when the file exists (flock needs no write access): a worker whose writes are
+    # confined to its own folder (ptxgym.landlock) takes the lock too.
     try:
+        descriptor = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        _make_shared_folder(path.parent)
+        descriptor = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
         with contextlib.suppress(OSError):  # others' processes open it too (umask aside)
             os.fchmod(descriptor, 0o666)
+    try:
         fcntl.flock(descriptor, operation)
         yield
     finally:

@@ -192,3 +192,31 @@ def test_a_raw_system_call_cannot_write_outside_the_folder(tmp_path: Path) -> No
     assert opened["inside"] >= 0  # a file descriptor
     assert opened["outside"] == -13  # -EACCES: Landlock
     assert not outside.exists()
+
+
+_LOCK_PROBE = """
+import sys
+from pathlib import Path
+from ptxgym.gpu_lock import holding
+from ptxgym.isolation import confine
+lock = Path(sys.argv[2])
+with holding(lock):  # made before, as the judge makes it before it starts a worker
+    pass
+confine(Path(sys.argv[1]))
+with holding(lock, exclusive=False):  # the worker's CUDA start-up
+    pass
+with holding(lock):  # the single-call run's call
+    pass
+print("locked")
+"""
+
+
+def test_a_confined_process_still_takes_the_gpu_lock(tmp_path: Path) -> None:
+    # The lock lives outside the process's folder, where it may no longer write (Landlock).
+    result = subprocess.run(
+        [sys.executable, "-c", _LOCK_PROBE, tmp_path / "worker", tmp_path / "locks" / "gpu.lock"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 0 and result.stdout.strip() == "locked", result.stderr
