@@ -14,8 +14,8 @@
 - A seccomp filter (``ptxgym.seccomp``), installed once CUDA is up and before the candidate's
   library is loaded: no new processes or programs, no signals to other processes, no tracing,
   and in the worker no sockets but ``AF_UNIX``.
-- Writes confined to the process's own folder and device files (``ptxgym.landlock``), where
-  the kernel has Landlock: in the worker from before CUDA starts (so the driver's threads,
+- Writes confined to the process's own folder, /dev/shm and device files (``ptxgym.landlock``),
+  where the kernel has Landlock: in the worker from before CUDA starts (so the driver's threads,
   which run host callbacks, are confined too); in the single-call processes once CUDA is up.
 
 docs/security.md lists what this does not cover.
@@ -94,10 +94,13 @@ def seal(network: bool) -> bool:
 
 
 def restrict_writes(folder: Path) -> bool:
-    """Allow writing only beneath ``folder`` (and to device files) from now on, in this thread
-    and all it starts. False, with the reason on stderr, where the kernel has no Landlock."""
+    """Allow writing only beneath ``folder``, in /dev/shm and to device files from now on, in
+    this thread and all it starts. False, with the reason on stderr, where the kernel has no
+    Landlock. (/dev/shm: shared-memory segments, which the profiler's and the sanitizer's
+    in-process parts may make to talk to their front ends; no trusted process reads it.)"""
+    shared_memory = Path("/dev/shm")
     try:
-        confine_writes([folder])
+        confine_writes([folder, *([shared_memory] if shared_memory.is_dir() else [])])
     except (LandlockUnavailable, OSError) as exc:
         print(f"ptxgym: writes not confined: {exc}", file=sys.stderr, flush=True)
         return False
