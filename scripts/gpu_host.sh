@@ -55,6 +55,8 @@ if [[ $what == bench || $what == all ]]; then
   python3 benchmarks/throughput.py --out "$out" | tee "$out/throughput.md" || status=1
 fi
 if [[ $what == soak ]]; then
-  python3 benchmarks/soak.py --out "$out" | tee "$out/soak.md" || status=1
+  # SOAK_MAX_SECONDS: stop and report before a time-limited host ends the run.
+  python3 benchmarks/soak.py --out "$out" ${SOAK_MAX_SECONDS:+--max-seconds "$SOAK_MAX_SECONDS"} \
+    | tee "$out/soak.md" || status=1
 fi
 exit $status
