@@ -185,22 +185,20 @@ def summarise(
     wall: float,
 ) -> None:
     by_kind: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
+    per_attack: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
+    seconds: dict[str, list[float]] = collections.defaultdict(list)
     for record in records:
         kind = "attack" if record["candidate"].startswith("attack:") else record["candidate"]
         by_kind[kind][record["status"]] += 1
+        if kind == "attack":
+            per_attack[record["candidate"].removeprefix("attack:")][record["status"]] += 1
+        if "seconds" in record:
+            seconds[kind].append(record["seconds"])
     expert = [r["speedup"] for r in records if r["candidate"] == "expert" and r.get("speedup")]
     naive_rewards = [r["reward"] for r in records if r["candidate"] == "naive" and r.get("reward")]
     attacks = [r for r in records if r["candidate"].startswith("attack:")]
     best_attack = max(attacks, key=lambda r: r.get("reward") or 0.0) if attacks else None
     median = statistics.median(expert) if expert else None
-    seconds: dict[str, list[float]] = collections.defaultdict(list)
-    per_attack: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
-    for record in records:
-        kind = "attack" if record["candidate"].startswith("attack:") else record["candidate"]
-        if "seconds" in record:
-            seconds[kind].append(record["seconds"])
-        if kind == "attack":
-            per_attack[record["candidate"].removeprefix("attack:")][record["status"]] += 1
     result = {
         "date": datetime.date.today().isoformat(),
         "steps": len(records),

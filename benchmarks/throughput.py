@@ -76,6 +76,17 @@ def trajectory(
     return records
 
 
+def p50_latency(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """The median step and the median of each stage over ``records``."""
+    return {
+        "p50_step_s": statistics.median(r["step_s"] for r in records),
+        "p50_stage_s": {
+            stage: statistics.median(r["stages"].get(stage, 0.0) for r in records)
+            for stage in STAGES
+        },
+    }
+
+
 def run_level(
     evaluator: LocalGPUEvaluator, task_id: str, source: str, trajectories: int, steps: int
 ) -> dict[str, Any]:
@@ -94,11 +105,7 @@ def run_level(
         "wall_s": wall,
         "per_hour": len(records) / wall * 3600,
         "statuses": sorted({r["status"] for r in records}),
-        "p50_step_s": statistics.median(r["step_s"] for r in records),
-        "p50_stage_s": {
-            stage: statistics.median(r["stages"].get(stage, 0.0) for r in records)
-            for stage in STAGES
-        },
+        **p50_latency(records),
         "median_speedup": statistics.median(speedups) if speedups else None,
         "speedups": speedups,
         "latency_ms": statistics.median(r["latency_ms"] for r in records if r["latency_ms"]),
@@ -132,13 +139,7 @@ def main() -> None:
     results["first_step"] = trajectory(evaluator, args.task, source, "warm-up", 1)[0]
     # Step latency without compiling: the same source again (a cache hit), every stage on.
     cached = trajectory(evaluator, args.task, source, "cached", 4, distinct=False)[1:]
-    results["cached"] = {
-        "p50_step_s": statistics.median(r["step_s"] for r in cached),
-        "p50_stage_s": {
-            stage: statistics.median(r["stages"].get(stage, 0.0) for r in cached)
-            for stage in STAGES
-        },
-    }
+    results["cached"] = p50_latency(cached)
     # Workload reuse: sequential steps of the correctness and timing stages alone (no sanitizer
     # or profile, whose cost does not depend on the state), with and without reuse.
     # The same cached build in both, so that only the evaluation differs.

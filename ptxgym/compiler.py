@@ -198,15 +198,16 @@ def _pack_header(task: Task) -> bytes:
     return path.read_bytes() if path.is_file() else b""
 
 
-def source_hash(source: str, task: Task) -> str:
-    """Content hash of everything that determines the build's result."""
+def source_hash(source: str, task: Task, translation_unit: str, pack_header: bytes) -> str:
+    """Content hash of everything that determines the build's result (``translation_unit`` is
+    :func:`build_source`'s, ``pack_header`` the task's pack header, as the build writes them)."""
     digest = hashlib.sha256()
     for part in (
         _RECIPE_VERSION,
         source,
-        build_source(task, source),
+        translation_unit,
         _NO_PROBE_HEADER,
-        _pack_header(task).decode("utf-8", "replace"),
+        pack_header.decode("utf-8", "replace"),
         json.dumps([nvcc_command(task)[1:], link_command(task)[1:]]),
         nvcc_version(),
     ):
@@ -227,14 +228,16 @@ def compile_source(
     The source must already have passed :func:`ptxgym.policy.check_policy`.
     """
     root = cache_root or paths.cache_dir()
-    key = source_hash(source, task)
+    # Made once: the hash covers them, and the build writes them.
+    translation_unit, pack_header = build_source(task, source), _pack_header(task)
+    key = source_hash(source, task, translation_unit, pack_header)
     final = root / "builds" / key[:2] / key
     if cached := _load_cached(final):
         return cached
     (root / "tmp").mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="build-", dir=root / "tmp"))
     try:
-        result = _build(source, task, key, work, timeout_s)
+        result = _build(source, translation_unit, pack_header, task, key, work, timeout_s)
         (work / _RESULT_FILE).write_text(json.dumps(asdict(result)), encoding="utf-8")
         final.parent.mkdir(parents=True, exist_ok=True)
         try:
@@ -278,11 +281,19 @@ def _prune(builds: Path) -> None:
         shutil.rmtree(entry, ignore_errors=True)
 
 
-def _build(source: str, task: Task, key: str, work: Path, timeout_s: float) -> CompileResult:
+def _build(
+    source: str,
+    translation_unit: str,
+    pack_header: bytes,
+    task: Task,
+    key: str,
+    work: Path,
+    timeout_s: float,
+) -> CompileResult:
     started = time.perf_counter()
     (work / CANDIDATE_FILE).write_text(source, encoding="utf-8")
-    (work / _BUILD_FILE).write_text(build_source(task, source), encoding="utf-8")
-    (work / pack_header_name(task)).write_bytes(_pack_header(task))
+    (work / _BUILD_FILE).write_text(translation_unit, encoding="utf-8")
+    (work / pack_header_name(task)).write_bytes(pack_header)
     (work / _NO_PROBE_HEADER_NAME).write_text(_NO_PROBE_HEADER, encoding="utf-8")
     command = nvcc_command(task)
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import ctypes
 import os
 from collections.abc import Callable
+from functools import cache
 from pathlib import Path
 from typing import cast
 
@@ -67,11 +68,15 @@ class LandlockUnavailable(RuntimeError):
     """The kernel has no Landlock, or refused the ruleset."""
 
 
-def _syscall() -> Callable[..., int]:
+@cache
+def _libc() -> ctypes.CDLL:
     libc = ctypes.CDLL(None, use_errno=True)
-    call = libc.syscall
-    call.restype = ctypes.c_long
-    return cast("Callable[..., int]", call)
+    libc.syscall.restype = ctypes.c_long
+    return libc
+
+
+def _syscall() -> Callable[..., int]:
+    return cast("Callable[..., int]", _libc().syscall)
 
 
 def abi_version() -> int:
@@ -97,7 +102,7 @@ def confine_writes(writable: list[Path]) -> None:
             _allow(syscall, ruleset, folder, handled)
         # Device files: the GPU driver opens its /dev nodes for writing.
         _allow(syscall, ruleset, Path("/dev"), _WRITE_FILE | (handled & _TRUNCATE))
-        if ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+        if _libc().prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
             raise LandlockUnavailable(f"setting no_new_privs failed: {_last_error()}")
         if syscall(_RESTRICT_SELF, ruleset, 0) != 0:
             raise LandlockUnavailable(f"applying the ruleset failed: {_last_error()}")

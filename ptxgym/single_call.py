@@ -135,13 +135,14 @@ def run_job(job_path: str) -> int:
     # The CUDA context is made sharing the GPU (never during a timing); the call itself has the
     # GPU to itself. Nsight Compute and compute-sanitizer do not overlap well: on the H200, runs
     # sharing the GPU made a step slower, not faster (docs/benchmarks.md, third session).
-    with holding(Path(job["gpu_lock"]), exclusive=False):
+    gpu_lock = Path(job["gpu_lock"])
+    with holding(gpu_lock, exclusive=False):
         torch.zeros(1, device="cuda")
     # The tools talk to this process over sockets, so those stay; the rest of the filter holds.
     seal(network=True)
     # Writes only in this call's folder from here on (the tool's own processes write the report).
     restrict_writes(Path.cwd())
-    with holding(Path(job["gpu_lock"])):
+    with holding(gpu_lock):
         entry = Entry(job["library"], task)
         inputs = make_inputs(task, workload, int(job["seed"]), False)
         outputs = allocate_outputs(task, axes)

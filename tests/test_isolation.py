@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -39,6 +40,19 @@ def test_only_what_cuda_and_python_need_is_kept(tmp_path: Path) -> None:
     }
 
 
+def _probe(code: str, *arguments: str | Path, env: dict[str, str] | None = None) -> dict[str, Any]:
+    """Run ``code`` in a fresh Python with ``arguments``; the JSON object it prints."""
+    result = subprocess.run(
+        [sys.executable, "-c", code, *map(str, arguments)],
+        capture_output=True,
+        text=True,
+        check=True,
+        env=env,
+    )
+    facts: dict[str, Any] = json.loads(result.stdout)
+    return facts
+
+
 _PROBE = """
 import ctypes, json, os, resource, sys
 from pathlib import Path
@@ -66,14 +80,9 @@ print(json.dumps({
 
 def test_confine_scrubs_moves_and_limits_the_process(tmp_path: Path) -> None:
     folder = tmp_path / "worker"
-    result = subprocess.run(
-        [sys.executable, "-c", _PROBE, str(folder), str(tmp_path / "outside")],
-        capture_output=True,
-        text=True,
-        check=True,
-        env={**os.environ, "PTXGYM_TEST_SECRET": "hunter2"},
+    facts = _probe(
+        _PROBE, folder, tmp_path / "outside", env={**os.environ, "PTXGYM_TEST_SECRET": "hunter2"}
     )
-    facts = json.loads(result.stdout)
     assert facts["cwd"] == str(folder) and facts["home"] == str(folder)
     assert facts["secret"] is None
     assert facts["c_getenv"] == 0  # gone from the C library's environment too (NULL)
@@ -117,12 +126,8 @@ print(json.dumps(results))
 """
 
 
-def _sealed(network: str) -> dict[str, object]:
-    result = subprocess.run(
-        [sys.executable, "-c", _SEAL_PROBE, network], capture_output=True, text=True, check=True
-    )
-    facts: dict[str, object] = json.loads(result.stdout)
-    return facts
+def _sealed(network: str) -> dict[str, Any]:
+    return _probe(_SEAL_PROBE, network)
 
 
 def test_the_seccomp_filter_stops_processes_signals_and_sockets_on_every_thread() -> None:
@@ -182,13 +187,7 @@ def test_a_raw_system_call_cannot_write_outside_the_folder(tmp_path: Path) -> No
     library = tmp_path / "libraw.so"
     subprocess.run(["gcc", "-shared", "-fPIC", "-o", library, source], check=True)
     folder, outside = tmp_path / "worker", tmp_path / "outside"
-    result = subprocess.run(
-        [sys.executable, "-c", _RAW_PROBE, library, folder, folder / "inside", outside],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    opened = json.loads(result.stdout)
+    opened = _probe(_RAW_PROBE, library, folder, folder / "inside", outside)
     assert opened["inside"] >= 0  # a file descriptor
     assert opened["outside"] == -13  # -EACCES: Landlock
     assert not outside.exists()
