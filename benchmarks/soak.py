@@ -162,6 +162,7 @@ def main() -> None:
                 "speedup": info["outcome"]["speedup"],
                 "leaked": secret.token in json.dumps(info, default=str),
                 "seconds": time.perf_counter() - begin,
+                "stages": info["outcome"]["stage_seconds"],
             }
         except Exception as exc:  # a step must never raise: recorded as a failure
             record = {"step": step, "candidate": name, "status": f"raised {exc!r}"}
@@ -194,6 +195,12 @@ def summarise(
             per_attack[record["candidate"].removeprefix("attack:")][record["status"]] += 1
         if "seconds" in record:
             seconds[kind].append(record["seconds"])
+    # Where a step's seconds go: waiting for a started worker, for the GPU, or the stages.
+    stage_medians = {
+        stage: statistics.median(r["stages"].get(stage, 0.0) for r in records if "stages" in r)
+        for stage in ("worker_start", "gpu_wait", "correctness", "timing")
+        if any("stages" in r for r in records)
+    }
     expert = [r["speedup"] for r in records if r["candidate"] == "expert" and r.get("speedup")]
     naive_rewards = [r["reward"] for r in records if r["candidate"] == "naive" and r.get("reward")]
     attacks = [r for r in records if r["candidate"].startswith("attack:")]
@@ -206,6 +213,7 @@ def summarise(
         "wall_s": wall,
         "statuses": {kind: dict(counter) for kind, counter in by_kind.items()},
         "median_step_s": {kind: statistics.median(values) for kind, values in seconds.items()},
+        "median_stage_s": stage_medians,
         "attack_statuses": {name: dict(counter) for name, counter in sorted(per_attack.items())},
         "honest_not_passed": [
             r for r in records if r["candidate"] in ("expert", "naive") and r["status"] != "PASSED"
@@ -227,6 +235,9 @@ def summarise(
     print(f"- honest steps not PASSED: {len(result['honest_not_passed'])}")
     steps = ", ".join(f"{kind} {value:.2f}" for kind, value in result["median_step_s"].items())
     print(f"- median seconds per step: {steps}")
+    print(
+        "- median seconds per stage: " + ", ".join(f"{k} {v:.2f}" for k, v in stage_medians.items())
+    )
     if median:
         print(
             f"- expert GEMM speedup: median {median:.4f}, largest deviation "

@@ -64,6 +64,17 @@ def scrubbed_environment(folder: Path, base: dict[str, str] | None = None) -> di
     return {**kept, "HOME": str(folder), "TMPDIR": str(folder)}
 
 
+def python_environment(folder: Path, extra_path: Path | None = None) -> dict[str, str]:
+    """The scrubbed environment for a Python program of ptxgym's started in ``folder`` (a tool
+    run, the report reader): ptxgym's own import root (and ``extra_path``) first on the Python
+    path, so it imports the same ptxgym whether installed or run from a checkout."""
+    environment = scrubbed_environment(folder)
+    roots = [str(Path(__file__).resolve().parents[1])]
+    roots += [str(extra_path)] if extra_path is not None else []
+    roots += [environment["PYTHONPATH"]] if environment.get("PYTHONPATH") else []
+    return {**environment, "PYTHONPATH": os.pathsep.join(roots)}
+
+
 def confine(folder: Path) -> dict[str, bool]:
     """Confine this process before it loads candidate code: scrubbed environment, ``folder`` as
     working directory, file-size and core limits, its own network namespace when allowed, and

@@ -209,6 +209,11 @@ class _Timeout(Exception):
     pass
 
 
+class WorkerStartError(RuntimeError):
+    """Workers cannot start on this host (a broken CUDA set-up, a confinement the platform
+    refuses): no candidate can be evaluated, so the request fails with the worker's own words."""
+
+
 def _receive(
     conn: Connection, timeout_s: float, arena: channel.Arena | None = None
 ) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -275,7 +280,16 @@ class Judge:
         except (channel.ChannelError, _Timeout, EOFError, OSError):
             worker.kill()
             worker = _Worker(self.context, self.device, self.folder)
-            worker.wait_ready(_WORKER_START_TIMEOUT_S)
+            try:
+                worker.wait_ready(_WORKER_START_TIMEOUT_S)
+            except (channel.ChannelError, _Timeout, EOFError, OSError) as exc:
+                # Ours, not the candidate's: say what the worker said before it ended.
+                log = worker.log_tail()
+                worker.kill()
+                reason = "no answer in time" if isinstance(exc, _Timeout) else repr(exc)
+                raise WorkerStartError(
+                    f"a worker failed to start twice ({reason}); its output: {log or '(none)'}"
+                ) from exc
         return worker
 
     # ----------------------------------------------------------------------------------------

@@ -4,7 +4,8 @@ The seccomp filter (``ptxgym.seccomp``) cannot look at paths, so on its own a ca
 reaches the kernel directly (a raw system call) could still write any file the user can: the
 baseline cache, to inflate every later speedup, or another candidate's cached library. Under
 this ruleset the process may create, write, truncate, rename or remove files only beneath the
-folders it is given (its own folder) and write to device files (the GPU driver's). Reading stays
+folders it is given (its own folder), write to device files (the GPU driver's) and to its own
+threads' files in /proc (the driver names its threads). Reading stays
 allowed everywhere: CUDA, torch and Python load files from all over the system, and Landlock can
 only allow, not deny, so "everything but the user's secrets" cannot be said.
 
@@ -102,6 +103,11 @@ def confine_writes(writable: list[Path]) -> None:
             _allow(syscall, ruleset, folder, handled)
         # Device files: the GPU driver opens its /dev nodes for writing.
         _allow(syscall, ruleset, Path("/dev"), _WRITE_FILE | (handled & _TRUNCATE))
+        # The process's own threads (/proc/self resolves to this process now): the CUDA driver
+        # names its threads through /proc/self/task/TID/comm and fails to start (error 304)
+        # when it cannot (seen on the H200). The rest of /proc stays closed, other processes'
+        # memory (/proc/PID/mem) included.
+        _allow(syscall, ruleset, Path("/proc/self/task"), _WRITE_FILE | (handled & _TRUNCATE))
         if _libc().prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
             raise LandlockUnavailable(f"setting no_new_privs failed: {_last_error()}")
         if syscall(_RESTRICT_SELF, ruleset, 0) != 0:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 HEAD_BYTES = 256 << 10  # first errors of a compiler log
 TAIL_BYTES = 64 << 10  # summaries (compute-sanitizer, ncu, Python tracebacks) come last
+_WORD_POLL_S = 0.005
 
 
 class ProcessGroup:
@@ -89,6 +90,25 @@ def run_group(
     """Run ``command`` to its end: exit code and combined output (head and tail when long); the
     code is ``None`` when the deadline killed the group."""
     return ProcessGroup(command, env=env, cwd=cwd).wait(timeout_s)
+
+
+def wait_for_word(
+    go: Path, owner_pid: int, stop: Path | None = None, max_wait_s: float = 3600
+) -> bool:
+    """Wait (polling, never touching the GPU) until ``go`` exists: True. False when ``stop``
+    exists (it wins over ``go``), when process ``owner_pid`` (the judge) is gone, or after
+    ``max_wait_s``. A program started ahead of need (a tool run, a report reader) waits here."""
+    deadline = time.monotonic() + max_wait_s
+    while time.monotonic() < deadline:
+        if stop is not None and stop.exists():
+            return False
+        if go.exists():
+            return True
+        # Not os.kill(pid, 0): the waiting program's seccomp filter refuses signals to others.
+        if not Path(f"/proc/{owner_pid}").exists():
+            return False
+        time.sleep(_WORD_POLL_S)
+    return False
 
 
 def _group_alive(group: int) -> bool:

@@ -5,10 +5,16 @@ For a candidate that passed, the judge runs one more disposable process under Ns
 ``cudaProfilerStop``, so only the candidate's own launches are profiled (not input generation,
 references or the L2 flush). Nsight Compute collects, per SASS opcode, the predicate-enabled thread
 executions (``sass__thread_inst_executed_true_per_opcode``) and the warp-level executions beside
-them, and its SpeedOfLight, Occupancy and LaunchStats sections: throughput against the GPU's peaks,
-occupancy and registers, the facts that help the next attempt. The report is read through Nsight
-Compute's Python report interface (``ncu_report``), in a process of its own as well, since the
-profiled program could have tampered with the file.
+them, and the few metrics of ``FACT_METRICS``: duration, throughput against the GPU's peaks,
+occupancy, registers and launch shape, the facts that help the next attempt. They are named one by
+one rather than as sections, since every metric a section adds costs replay passes on the
+critical path of a step.
+
+The report goes to a folder of its own, which the profiled program cannot write (its writes are
+confined to its own folder, ``ptxgym.landlock``), so it can neither forge the report nor turn its
+path into a link to another file. It is read through Nsight Compute's Python report interface
+(``ncu_report``) in a confined process of its own, started with the profile so that its start-up
+(Python, the report library) is done by the time the report is there.
 
 A family executed when every opcode group of its ``all_of`` has a pattern with a non-zero count
 (``ptxgym.tasks.InstructionFamily``). Qualified = any family executed. A profile that fails or
@@ -17,10 +23,13 @@ times out is ``unknown``: it never qualifies, and the step still completes.
 
 from __future__ import annotations
 
+import argparse
 import glob
 import json
 import os
+import shutil
 import sys
+import tempfile
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -28,15 +37,15 @@ from pathlib import Path
 from typing import Any
 
 from ptxgym import paths
-from ptxgym.processes import run_group
+from ptxgym.isolation import python_environment, restrict_writes, seal
+from ptxgym.processes import ProcessGroup, wait_for_word
 from ptxgym.sass import family_present
 from ptxgym.single_call import PendingCall
 from ptxgym.tasks import Task
 
 THREAD_METRIC = "sass__thread_inst_executed_true_per_opcode"
 WARP_METRIC = "sass__inst_executed_per_opcode"
-SECTIONS = ("SpeedOfLight", "Occupancy", "LaunchStats")
-# The section metrics reported per kernel, under the names KernelFacts gives them.
+# The metrics reported per kernel, under the names KernelFacts gives them.
 FACT_METRICS = {
     "duration_us": "gpu__time_duration.sum",
     "sm_throughput_pct": "sm__throughput.avg.pct_of_peak_sustained_elapsed",
@@ -49,6 +58,7 @@ FACT_METRICS = {
     "block_size": "launch__block_size",
 }
 DEFAULT_TIMEOUT_S = 120.0
+EXIT_NOT_WANTED = 4  # the reader was not told to read before the judge went away
 _TAIL_CHARS = 1500
 
 
@@ -151,7 +161,8 @@ class PendingProfile:
         self.call = PendingCall(
             task, library, workload, seed, device=device, prefix="ptxgym-profile-"
         )
-        self.report = self.call.folder / "profile.ncu-rep"
+        self.report_folder = Path(tempfile.mkdtemp(prefix="ptxgym-profile-report-"))
+        self.report = self.report_folder / "profile.ncu-rep"
         self.call.start(
             [
                 ncu,
@@ -161,14 +172,22 @@ class PendingProfile:
                 "none",
                 "--target-processes",
                 "all",
-                *(argument for section in SECTIONS for argument in ("--section", section)),
                 "--metrics",
-                f"{THREAD_METRIC},{WARP_METRIC}",
+                ",".join([THREAD_METRIC, WARP_METRIC, *FACT_METRICS.values()]),
                 "--export",
                 str(self.report),
                 "--force-overwrite",
                 *self.call.program,
             ]
+        )
+        self._read_word = self.report_folder / "read"
+        self.reader = ProcessGroup(
+            [
+                *(sys.executable, "-m", "ptxgym.profile", "read", str(self.report)),
+                *("--when", str(self._read_word), "--judge", str(os.getpid())),
+            ],
+            env=python_environment(self.report_folder, self.reader_path),
+            cwd=self.report_folder,
         )
 
     def finish(self, timeout_s: float = DEFAULT_TIMEOUT_S) -> InstructionProfile:
@@ -179,7 +198,7 @@ class PendingProfile:
         def unknown(reason: str) -> InstructionProfile:
             return InstructionProfile(False, reason, seconds=time.perf_counter() - started)
 
-        if self.failure is not None or self.call is None or self.reader_path is None:
+        if self.failure is not None or self.call is None:
             return unknown(self.failure or "the profile was not started")
         try:
             code, output = self.call.run(timeout_s)
@@ -190,16 +209,13 @@ class PendingProfile:
                 return unknown(f"the profiled run failed (exit code {code}): {tail}")
             remaining = max(30.0, timeout_s - (time.perf_counter() - started))
             reading = time.perf_counter()
-            code, output = run_group(
-                [sys.executable, "-m", "ptxgym.profile", "read", str(self.report)],
-                env=_reader_environment(self.reader_path),
-                timeout_s=remaining,
-            )
+            self._read_word.touch()
+            code, output = self.reader.wait(remaining)
             if code != 0:
                 return unknown(f"reading the profile failed: {output[-_TAIL_CHARS:]}")
             read_seconds = time.perf_counter() - reading
         finally:
-            self.call.close()
+            self.close()
         try:
             counts = json.loads(output.strip().splitlines()[-1])
             thread_counts = {str(k): int(v) for k, v in counts["thread"].items()}
@@ -221,8 +237,15 @@ class PendingProfile:
         )
 
     def cancel(self) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """End the profiled program and the reader (whichever still run), and remove both
+        folders."""
         if self.call is not None:
             self.call.close()
+            self.reader.kill()
+            shutil.rmtree(self.report_folder, ignore_errors=True)
 
 
 def profile_candidate(
@@ -236,12 +259,6 @@ def profile_candidate(
 ) -> InstructionProfile:
     """Profile one call of the candidate on ``workload`` (axes and sequences) with ``seed``."""
     return PendingProfile(task, library, workload, seed, device=device).finish(timeout_s)
-
-
-def _reader_environment(reader_path: Path) -> dict[str, str]:
-    """This (trusted) process's environment, with ``ncu_report`` on the Python path."""
-    python_path = os.pathsep.join([str(reader_path), os.environ.get("PYTHONPATH", "")])
-    return {**os.environ, "PYTHONPATH": python_path.rstrip(os.pathsep)}
 
 
 def _kernel_facts(kernel: Mapping[str, Any]) -> KernelFacts:
@@ -288,11 +305,26 @@ def _read_report(report_path: str) -> int:
 
 
 def main(argv: list[str]) -> int:
-    """``python -m ptxgym.profile read REPORT``: the report reader's process."""
-    if len(argv) == 2 and argv[0] == "read":
-        return _read_report(argv[1])
-    print("usage: python -m ptxgym.profile read REPORT.ncu-rep", file=sys.stderr)
-    return 2
+    """``python -m ptxgym.profile read REPORT [--when WORD --judge PID]``: the report reader's
+    process. With ``--when`` it gets ready (the report library, its confinement) and waits until
+    the file WORD exists, giving up when process PID (the judge) is gone."""
+    parser = argparse.ArgumentParser(prog="python -m ptxgym.profile")
+    commands = parser.add_subparsers(dest="command", required=True)
+    read = commands.add_parser("read", help="print a report's opcode counts and kernel facts")
+    read.add_argument("report")
+    read.add_argument("--when", type=Path, help="wait until this file exists")
+    read.add_argument("--judge", type=int, default=os.getppid(), help="give up when it is gone")
+    arguments = parser.parse_args(argv)
+    import ncu_report  # noqa: F401 (the slow part of the start-up, done before the word)
+
+    if arguments.when is not None:
+        # The report is untrusted data (the profiled candidate shaped it): its reader writes
+        # only in its own folder and starts nothing (ptxgym.isolation).
+        restrict_writes(Path.cwd())
+        seal(network=False)
+        if not wait_for_word(arguments.when, arguments.judge):
+            return EXIT_NOT_WANTED
+    return _read_report(arguments.report)
 
 
 if __name__ == "__main__":

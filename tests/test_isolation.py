@@ -54,7 +54,7 @@ def _probe(code: str, *arguments: str | Path, env: dict[str, str] | None = None)
 
 
 _PROBE = """
-import ctypes, json, os, resource, sys
+import ctypes, json, os, resource, sys, threading
 from pathlib import Path
 from ptxgym.isolation import confine
 facts = confine(Path(sys.argv[1]))
@@ -67,6 +67,9 @@ def writes(path):
 print(json.dumps({
     "writes_inside": writes(Path(sys.argv[1]) / "inside"),
     "writes_outside": writes(sys.argv[2]),
+    # What the CUDA driver does at start-up (naming its threads), and what must stay closed.
+    "names_own_thread": writes(f"/proc/self/task/{threading.get_native_id()}/comm"),
+    "names_parent": writes(f"/proc/{os.getppid()}/comm"),
     "facts": facts,
     "cwd": os.getcwd(),
     "secret": os.environ.get("PTXGYM_TEST_SECRET"),
@@ -92,6 +95,7 @@ def test_confine_scrubs_moves_and_limits_the_process(tmp_path: Path) -> None:
     assert facts["facts"]["writes_confined"] is True
     assert facts["writes_inside"] is True and facts["writes_outside"] is False
     assert not (tmp_path / "outside").exists()
+    assert facts["names_own_thread"] is True and facts["names_parent"] is False
 
 
 _SEAL_PROBE = """

@@ -1,4 +1,5 @@
-"""The judge's pieces that need no GPU: cached baselines and the worker log's tail."""
+"""The judge's pieces that need no GPU: cached baselines, the worker log's tail, workers that
+cannot start."""
 
 from __future__ import annotations
 
@@ -6,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from ptxgym import judge as judge_module
 from ptxgym.baselines import baseline_key, cached_baseline, store_baseline
-from ptxgym.judge import _Worker
+from ptxgym.judge import Judge, WorkerStartError, _Worker
 from ptxgym.tasks import get_task
 
 GEMM = get_task("PTX-H100-GEMM")
@@ -50,6 +52,32 @@ def test_only_the_end_of_a_huge_worker_log_is_read(tmp_path: Path) -> None:
     tail = worker.log_tail()
     assert tail.endswith("Fatal Python error: Segmentation fault")
     assert len(tail) <= 2000
+
+
+def _broken_worker(conn: object, device: int, log_path: str, home: str, gpu_lock: str) -> None:
+    """Stands in for ``worker_main`` on a host where CUDA cannot start in the worker."""
+    import os
+
+    with open(log_path, "a") as log:
+        log.write("RuntimeError: cudaGetDeviceCount(): Error 304: OS call failed\n")
+    os._exit(1)
+
+
+def test_a_worker_that_cannot_start_fails_the_request_with_its_own_words(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import multiprocessing
+    import threading
+
+    monkeypatch.setenv("PTXGYM_LOCK_DIR", str(tmp_path / "locks"))
+    monkeypatch.setattr(judge_module, "worker_main", _broken_worker)
+    judge = Judge.__new__(Judge)  # no CUDA: only the worker start is exercised
+    judge.context = multiprocessing.get_context("fork")  # the stand-in reaches the child
+    judge.device, judge.folder, judge.spares = 0, tmp_path / "judge", []
+    judge._mutex = threading.Lock()
+    with pytest.raises(WorkerStartError, match=r"failed to start twice.*Error 304"):
+        judge._take_worker()
+    assert not list((tmp_path / "judge").glob("worker-*"))  # both workers cleaned up
 
 
 def test_workload_states_are_kept_within_the_memory_budget(

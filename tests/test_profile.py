@@ -170,10 +170,29 @@ def test_report_is_read_through_the_report_interface(
     for expected in (
         "--profile-from-start off",
         "--clock-control none",
-        "--section SpeedOfLight --section Occupancy --section LaunchStats",
+        "--metrics sass__thread_inst_executed_true_per_opcode,sass__inst_executed_per_opcode,"
+        "gpu__time_duration.sum,",
         "-m ptxgym.single_call",
     ):
         assert expected in arguments
+    assert "--section" not in arguments  # named metrics only: each section adds replay passes
+
+
+def test_a_report_the_profiled_program_writes_itself_is_never_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The profiled program's folder is its working directory: a report forged there (by a
+    # candidate, before the tool writes its own) is not where the judge reads the report from.
+    ncu = _fake_ncu(
+        tmp_path,
+        "printf report > profile.ncu-rep\n"
+        'while [ "$1" != "--export" ]; do shift; done\n'
+        'case "$2" in "$PWD"/*) printf report > "$2";; esac',
+    )
+    (tmp_path / "extras" / "python" / "ncu_report.py").write_text(_FAKE_REPORT_MODULE)
+    monkeypatch.setenv("PTXGYM_NCU", str(ncu))
+    result = profile_candidate(H100, "/nonexistent.so", WORKLOAD, 1, device=0)
+    assert not result.ok and "the profiled run failed" in result.reason
 
 
 def test_module_usage() -> None:

@@ -137,13 +137,14 @@ def test_the_job_tells_the_program_where_the_gpu_lock_and_the_judge_are(
 
 
 def test_the_program_waits_for_go_and_gives_up_on_stop_or_a_dead_judge(tmp_path: Path) -> None:
-    from ptxgym.single_call import _wait_for_word
+    from ptxgym.processes import wait_for_word
 
-    job = {"go": str(tmp_path / "go"), "stop": str(tmp_path / "stop"), "judge_pid": 1}
-    (tmp_path / "go").touch()
-    assert _wait_for_word(job) is True
-    (tmp_path / "stop").touch()
-    assert _wait_for_word(job) is False  # stop wins over go
-    (tmp_path / "stop").unlink()
-    (tmp_path / "go").unlink()
-    assert _wait_for_word({**job, "judge_pid": 2**22 + 12345}) is False  # no such process
+    go, stop = tmp_path / "go", tmp_path / "stop"
+    go.touch()
+    assert wait_for_word(go, 1, stop=stop) is True
+    stop.touch()
+    assert wait_for_word(go, 1, stop=stop) is False  # stop wins over go
+    stop.unlink()
+    go.unlink()
+    assert wait_for_word(go, 2**22 + 12345, stop=stop) is False  # no such process
+    assert wait_for_word(go, 1, max_wait_s=0.05) is False  # nobody says anything
