@@ -1,6 +1,6 @@
 """Soak test (issue 8): many consecutive steps on one env, hostile and honest candidates mixed.
 
-Run on a GPU host: ``python benchmarks/soak.py --out DIR [--steps 500] [--size 2048]``. The env
+Run on a GPU host: ``python benchmarks/soak.py --out DIR [--steps 500] [--size 1024]``. The env
 is the GEMM task with a smaller workload (``--size``³, written as task data into a temporary
 data folder), so that 500 steps fit in minutes; the protocol is the GPU tests' shortened one,
 without memcheck and the profile. The candidates cycle through the expert GEMM, the naive GEMM,
@@ -82,7 +82,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", type=Path, default=Path("benchmarks/out"))
     parser.add_argument("--steps", type=int, default=500)
-    parser.add_argument("--size", type=int, default=2048)
+    parser.add_argument("--size", type=int, default=1024)
     parser.add_argument(
         "--max-seconds",
         type=float,

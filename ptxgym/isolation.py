@@ -2,8 +2,9 @@
 
 - A scrubbed environment: only what CUDA, Python and the tools need (PATH, the library path,
   CUDA_*/NVIDIA_* settings, the Python path, locale). Nothing else reaches candidate code: no
-  tokens, credentials or cache paths of the user. HOME and TMPDIR point at the process's own
-  temporary folder, which is also its working directory.
+  tokens, credentials or cache paths of the user, neither through getenv nor through
+  /proc/self/environ (the block the process started with is zeroed). HOME and TMPDIR point at
+  the process's own temporary folder, which is also its working directory.
 - Resource limits: at most 64 MiB to any file (a printf flood ends the process instead of
   filling the disk) and no core files.
 - No network where the OS allows it: the worker unshares its network namespace (this needs
@@ -23,6 +24,7 @@ docs/security.md lists what this does not cover.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import resource
 import sys
@@ -83,9 +85,9 @@ def confine(folder: Path) -> dict[str, bool]:
     folder.mkdir(parents=True, exist_ok=True)
     environment = scrubbed_environment(folder)
     for name in list(os.environ):
-        if name not in environment:
-            del os.environ[name]  # unsetenv: the C library's environ changes too
-    os.environ.update(environment)
+        del os.environ[name]  # unsetenv: the C library's environ changes too
+    os.environ.update(environment)  # putenv: fresh strings, none in the initial block
+    _erase_initial_environment()
     os.chdir(folder)
     limit_resources()
     return {"network_isolated": _unshare_network(), "writes_confined": restrict_writes(folder)}
@@ -122,6 +124,19 @@ def limit_resources() -> None:
     """At most 64 MiB to any file, and no core files."""
     resource.setrlimit(resource.RLIMIT_FSIZE, (MAX_FILE_BYTES, MAX_FILE_BYTES))
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+
+
+def _erase_initial_environment() -> None:
+    """Zero the environment block the process started with. Unsetting variables changes only the
+    C library's table of pointers; the strings themselves stay where the kernel put them, and
+    /proc/self/environ shows them to anyone in the process (a candidate included). Every entry
+    of the table now points at strings set since (``confine`` sets each kept one again), so
+    nothing uses the block any more."""
+    fields = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
+    # Fields 50 and 51 of proc(5) (env_start, env_end); the split starts at field 3.
+    start, end = int(fields[47]), int(fields[48])
+    if 0 < start < end:
+        ctypes.memset(start, 0, end - start)
 
 
 def _unshare_network() -> bool:

@@ -73,6 +73,7 @@ print(json.dumps({
     "facts": facts,
     "cwd": os.getcwd(),
     "secret": os.environ.get("PTXGYM_TEST_SECRET"),
+    "proc_environ": "hunter2" in Path("/proc/self/environ").read_bytes().decode("latin-1"),
     "c_getenv": ctypes.CDLL(None).getenv(b"PTXGYM_TEST_SECRET"),
     "home": os.environ["HOME"],
     "fsize": resource.getrlimit(resource.RLIMIT_FSIZE)[0],
@@ -88,6 +89,7 @@ def test_confine_scrubs_moves_and_limits_the_process(tmp_path: Path) -> None:
     )
     assert facts["cwd"] == str(folder) and facts["home"] == str(folder)
     assert facts["secret"] is None
+    assert facts["proc_environ"] is False  # the block the process started with is zeroed
     assert facts["c_getenv"] == 0  # gone from the C library's environment too (NULL)
     assert facts["fsize"] == MAX_FILE_BYTES and facts["core"] == 0
     assert isinstance(facts["facts"]["network_isolated"], bool)
