@@ -6,12 +6,12 @@ one input set with the task's trusted generator, allocates poisoned outputs, and
 candidate once between ``cudaProfilerStart`` and ``cudaProfilerStop`` (so a profiler started with
 ``--profile-from-start off`` sees only the candidate's own launches). It never sees references.
 
-Most of such a run is start-up (the tool, Python, torch, the CUDA context under the tool), so the
-judge starts it together with the worker's evaluation (``PendingCall``). The program makes its
-CUDA context, inputs and outputs sharing the GPU (``ptxgym.gpu_lock``: never during a timing),
-and then waits for the word: ``go`` (the evaluation says the call is wanted) or ``stop``. After
-``go`` it loads the candidate and calls it holding the GPU alone. It runs with a scrubbed
-environment in a folder of its own, and gives up waiting when the judge is gone.
+Most of such a run is start-up (the tool, Python, torch), so the judge starts it together with
+the worker's evaluation (``PendingCall``), and the program waits, without touching the GPU,
+for the word: ``go`` (the evaluation says the call is wanted) or ``stop``. After ``go`` it takes
+the GPU's lock (``ptxgym.gpu_lock``) for its GPU work only: shared for its CUDA context, alone
+for the call. It runs with a scrubbed environment in a folder of its own, and gives up waiting
+when the judge is gone.
 """
 
 from __future__ import annotations
@@ -100,39 +100,39 @@ class PendingCall:
 
 
 def run_job(job_path: str) -> int:
-    """Get everything ready, wait for the word, then call the candidate once."""
+    """Wait for the word, then make the inputs and call the candidate once."""
     # A printf flood ends this process instead of filling the disk (as in the worker).
     limit_resources()
     job = json.loads(Path(job_path).read_text())
-    import torch
+    import torch  # the slow part of the start-up, done while waiting is still cheap
 
     from ptxgym.worker import Entry, allocate_outputs, make_inputs
 
     task = Task.model_validate(job["task"])
     workload = job["workload"]
     axes = {**task.definition.const_axes, **workload["axes"]}
+    # Nothing touches the GPU before the word: a run that is not wanted (the candidate failed)
+    # costs the GPU nothing. Making the CUDA context and inputs ahead of the word was tried: on
+    # the H200 every pending run's start-up under its tool then held the GPU shared, and
+    # timings waited behind them (docs/benchmarks.md, fourth session).
+    if not wait_for_word(Path(job["go"]), int(job["judge_pid"]), stop=Path(job["stop"])):
+        return EXIT_NOT_WANTED
     gpu_lock = Path(job["gpu_lock"])
-    # The start-up (the CUDA context under the tool, the inputs from the trusted generator, the
-    # poisoned outputs) happens while waiting, so that after the word only the call is left.
-    # It shares the GPU: never during a timing. The candidate's library is not loaded yet, so
-    # none of its code can run on the GPU while this process waits.
+    # The CUDA context is made sharing the GPU (never during a timing); the call itself has the
+    # GPU to itself. Nsight Compute and compute-sanitizer do not overlap well: on the H200, runs
+    # sharing the GPU made a step slower, not faster (docs/benchmarks.md, third session).
     with holding(gpu_lock, exclusive=False):
         torch.zeros(1, device="cuda")
-        inputs = make_inputs(task, workload, int(job["seed"]), False)
-        outputs = allocate_outputs(task, axes)
-        stream = torch.cuda.Stream()
-        torch.cuda.synchronize()
     # The tools talk to this process over sockets, so those stay; the rest of the filter holds.
     seal(network=True)
     # Writes only in this call's folder from here on (the tool's own processes write the report).
     restrict_writes(Path.cwd())
-    if not wait_for_word(Path(job["go"]), int(job["judge_pid"]), stop=Path(job["stop"])):
-        return EXIT_NOT_WANTED
-    # The call has the GPU to itself. Nsight Compute and compute-sanitizer do not overlap well:
-    # on the H200, runs sharing the GPU made a step slower, not faster (docs/benchmarks.md,
-    # third session).
     with holding(gpu_lock):
         entry = Entry(job["library"], task)
+        inputs = make_inputs(task, workload, int(job["seed"]), False)
+        outputs = allocate_outputs(task, axes)
+        stream = torch.cuda.Stream()
+        torch.cuda.synchronize()
         torch.cuda.profiler.start()
         with torch.cuda.stream(stream):
             code = entry(inputs, outputs, axes, stream.cuda_stream)
