@@ -76,13 +76,19 @@ def trajectory(
     return records
 
 
+# Where each tool run's call went after the word (ptxgym.single_call.call_seconds).
+TOOL_CALL_STAGES = tuple(
+    f"{tool}_{part}" for tool in ("memcheck", "profile") for part in ("context", "gpu_wait", "gpu")
+)
+
+
 def p50_latency(records: list[dict[str, Any]]) -> dict[str, Any]:
     """The median step and the median of each stage over ``records``."""
     return {
         "p50_step_s": statistics.median(r["step_s"] for r in records),
         "p50_stage_s": {
             stage: statistics.median(r["stages"].get(stage, 0.0) for r in records)
-            for stage in STAGES
+            for stage in STAGES + TOOL_CALL_STAGES
         },
     }
 
@@ -205,9 +211,11 @@ def report(results: dict[str, Any]) -> None:
         print(f"| {level['trajectories']} | {cells} |")
     cached = results["cached"]
     stages = ", ".join(f"{stage} {cached['p50_stage_s'][stage]:.2f}" for stage in STAGES)
+    calls = ", ".join(f"{stage} {cached['p50_stage_s'][stage]:.2f}" for stage in TOOL_CALL_STAGES)
     print(
         f"\nStep latency with a cached build (same source, every stage on): p50 "
-        f"{cached['p50_step_s']:.2f} s; p50 per stage: {stages}"
+        f"{cached['p50_step_s']:.2f} s; p50 per stage: {stages}; the tool runs' calls after "
+        f"the word: {calls}"
     )
     reuse = results["reuse"]
     gain = reuse["reuse"]["per_hour"] / reuse["rebuild"]["per_hour"]

@@ -410,12 +410,15 @@ class Judge:
         finally:
             for run in pending.values():
                 run.cancel()
-        stages.update({report.tool: report.seconds for report in sanitizers})
+        for report in sanitizers:
+            stages[report.tool] = report.seconds
+            stages.update({f"{report.tool}_{k}": v for k, v in report.call_seconds.items()})
         crashed = verdict.status is Status.RUNTIME_ERROR
         verdict = _with_memory_errors(verdict, sanitizers)
         if profile is not None:
             stages["profile"] = profile.seconds
             stages["profile_read"] = profile.read_seconds
+            stages.update({f"profile_{k}": v for k, v in profile.call_seconds.items()})
             if verdict.status is not Status.PASSED:
                 profile = None  # memcheck overruled the pass
         # A crash's own words (a Python traceback, a CUDA error) help the next attempt, also

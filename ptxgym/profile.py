@@ -40,7 +40,7 @@ from ptxgym import paths
 from ptxgym.isolation import python_environment, restrict_writes, seal
 from ptxgym.processes import ProcessGroup, wait_for_word
 from ptxgym.sass import family_present
-from ptxgym.single_call import PendingCall
+from ptxgym.single_call import PendingCall, call_seconds
 from ptxgym.tasks import Task
 
 THREAD_METRIC = "sass__thread_inst_executed_true_per_opcode"
@@ -91,6 +91,8 @@ class InstructionProfile:
     seconds: float = 0.0
     # Of ``seconds``, the part spent reading the report after Nsight Compute ended.
     read_seconds: float = 0.0
+    # Of ``seconds``, where the profiled call's part went (``single_call.call_seconds``).
+    call_seconds: dict[str, float] = field(default_factory=dict)
 
     @property
     def qualified(self) -> bool | None:
@@ -207,6 +209,7 @@ class PendingProfile:
             if code != 0 or not self.report.is_file():
                 tail = output[-_TAIL_CHARS:]
                 return unknown(f"the profiled run failed (exit code {code}): {tail}")
+            profiled_call = call_seconds(output)
             remaining = max(30.0, timeout_s - (time.perf_counter() - started))
             reading = time.perf_counter()
             self._read_word.touch()
@@ -234,6 +237,7 @@ class PendingProfile:
             families_executed(self.task, thread_counts),
             time.perf_counter() - started,
             read_seconds,
+            profiled_call,
         )
 
     def cancel(self) -> None:

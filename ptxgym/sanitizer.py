@@ -17,11 +17,11 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from ptxgym import paths
-from ptxgym.single_call import PendingCall
+from ptxgym.single_call import PendingCall, call_seconds
 from ptxgym.tasks import Task
 
 Tool = Literal["memcheck", "racecheck"]
@@ -46,6 +46,8 @@ class SanitizerReport:
     findings: tuple[str, ...] = ()
     reason: str = ""
     seconds: float = 0.0
+    # Of ``seconds``, where the call's part went (``ptxgym.single_call.call_seconds``).
+    call_seconds: dict[str, float] = field(default_factory=dict)
 
     @property
     def clean(self) -> bool | None:
@@ -121,7 +123,14 @@ class PendingSanitizer:
             tail = "\n".join(output.strip().splitlines()[-8:])
             return unknown(f"{tool} ended (exit code {code}) without its summary: {tail}")
         findings = parse_findings(output)
-        return SanitizerReport(tool, True, errors, findings, seconds=time.perf_counter() - started)
+        return SanitizerReport(
+            tool,
+            True,
+            errors,
+            findings,
+            seconds=time.perf_counter() - started,
+            call_seconds=call_seconds(output),
+        )
 
     def cancel(self) -> None:
         if self.call is not None:

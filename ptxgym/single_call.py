@@ -21,6 +21,7 @@ import os
 import shutil
 import sys
 import tempfile
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,9 @@ from ptxgym.tasks import Task
 
 EXIT_ENTRY_FAILED = 3  # the entry point returned a CUDA error
 EXIT_NOT_WANTED = 4  # told to stop, or the judge went away, before the call
+# The line on which the program says where its seconds after the word went (``call_seconds``).
+SECONDS_MARK = "ptxgym-single-call-seconds "
+_SECONDS_KEYS = ("context", "gpu_wait", "gpu")
 
 
 class PendingCall:
@@ -121,13 +125,16 @@ def run_job(job_path: str) -> int:
     # The CUDA context is made sharing the GPU (never during a timing); the call itself has the
     # GPU to itself. Nsight Compute and compute-sanitizer do not overlap well: on the H200, runs
     # sharing the GPU made a step slower, not faster (docs/benchmarks.md, third session).
+    started = time.perf_counter()
     with holding(gpu_lock, exclusive=False):
         torch.zeros(1, device="cuda")
+    context = time.perf_counter() - started
     # The tools talk to this process over sockets, so those stay; the rest of the filter holds.
     seal(network=True)
     # Writes only in this call's folder from here on (the tool's own processes write the report).
     restrict_writes(Path.cwd())
-    with holding(gpu_lock):
+    started = time.perf_counter()
+    with holding(gpu_lock) as waited:
         entry = Entry(job["library"], task)
         inputs = make_inputs(task, workload, int(job["seed"]), False)
         outputs = allocate_outputs(task, axes)
@@ -138,7 +145,27 @@ def run_job(job_path: str) -> int:
             code = entry(inputs, outputs, axes, stream.cuda_stream)
         torch.cuda.synchronize()
         torch.cuda.profiler.stop()
+    held = time.perf_counter() - started - waited
+    # Last, after anything the candidate printed: the judge reads the last such line.
+    seconds = {"context": context, "gpu_wait": waited, "gpu": held}
+    print(SECONDS_MARK + json.dumps(seconds), flush=True)
     return 0 if code == 0 else EXIT_ENTRY_FAILED
+
+
+def call_seconds(output: str) -> dict[str, float]:
+    """Where a run's seconds after the word went, from the last line it printed for the judge:
+    ``context`` (making the CUDA context under the tool, sharing the GPU), ``gpu_wait`` (waiting
+    to have the GPU alone) and ``gpu`` (holding it: loading the candidate, its inputs, the call
+    under the tool). Empty when there is no such line (the run failed before its end). For
+    the stage breakdown only: nothing is judged on it."""
+    for line in reversed(output.splitlines()):
+        if line.startswith(SECONDS_MARK):
+            try:
+                values = json.loads(line.removeprefix(SECONDS_MARK))
+                return {key: float(values[key]) for key in _SECONDS_KEYS}
+            except (ValueError, KeyError, TypeError):
+                return {}
+    return {}
 
 
 if __name__ == "__main__":

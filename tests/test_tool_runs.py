@@ -43,7 +43,12 @@ while True:
 {report}
 """
 
-_MEMCHECK_REPORT = 'print("========= COMPUTE-SANITIZER\\n========= ERROR SUMMARY: 0 errors")'
+# What the program prints last (where its seconds went), then the tool's summary.
+_MEMCHECK_REPORT = (
+    'print("ptxgym-single-call-seconds "\n'
+    '      "{\\"context\\": 0.5, \\"gpu_wait\\": 0.25, \\"gpu\\": 1.0}")\n'
+    'print("========= COMPUTE-SANITIZER\\n========= ERROR SUMMARY: 0 errors")'
+)
 # The stand-in ncu writes the report named after --export; the stand-in reader reads it.
 _NCU_REPORT = """args = sys.argv
 Path(args[args.index("--export") + 1]).write_text("report")"""
@@ -101,6 +106,7 @@ def test_a_crash_runs_memcheck_and_drops_the_profile(judge: Judge, tmp_path: Pat
     sanitizers, profile = judge._finish_tools(pending, Status.RUNTIME_ERROR)
     (memcheck,) = sanitizers
     assert memcheck.tool == "memcheck" and memcheck.ok and memcheck.clean
+    assert memcheck.call_seconds == {"context": 0.5, "gpu_wait": 0.25, "gpu": 1.0}
     assert profile is None
     assert (marks / "compute-sanitizer.went").exists()
     assert not (marks / "ncu.went").exists()
@@ -148,3 +154,18 @@ def test_the_program_waits_for_go_and_gives_up_on_stop_or_a_dead_judge(tmp_path:
     go.unlink()
     assert wait_for_word(go, 2**22 + 12345, stop=stop) is False  # no such process
     assert wait_for_word(go, 1, max_wait_s=0.05) is False  # nobody says anything
+
+
+def test_the_last_seconds_line_of_a_run_is_the_one_read() -> None:
+    from ptxgym.single_call import SECONDS_MARK, call_seconds
+
+    fake = SECONDS_MARK + json.dumps({"context": 0.0, "gpu_wait": 0.0, "gpu": 0.0})
+    real = SECONDS_MARK + json.dumps({"context": 1.5, "gpu_wait": 0.5, "gpu": 2.0})
+    # A candidate may print a line of its own; the program's comes after the call returned.
+    assert call_seconds(f"{fake}\nkernel output\n{real}\n== PROF == done") == {
+        "context": 1.5,
+        "gpu_wait": 0.5,
+        "gpu": 2.0,
+    }
+    assert call_seconds("no such line") == {}
+    assert call_seconds(SECONDS_MARK + '{"gpu": "x"}') == {}  # malformed: nothing, no error
