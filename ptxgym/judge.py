@@ -35,9 +35,11 @@ from ptxgym.outcome import Status
 from ptxgym.profile import DEFAULT_TIMEOUT_S as DEFAULT_PROFILE_TIMEOUT_S
 from ptxgym.profile import InstructionProfile, PendingProfile
 from ptxgym.sanitizer import DEFAULT_TIMEOUT_S as DEFAULT_SANITIZER_TIMEOUT_S
-from ptxgym.sanitizer import PendingSanitizer, SanitizerReport, Tool
+from ptxgym.sanitizer import SanitizerReport, Tool
+from ptxgym.single_call import CallJob
 from ptxgym.tasks import Task, WorkloadSpec
 from ptxgym.timing import TIMED_CALLS, TRIALS, WARMUP_CALLS, Timer, WorkloadTiming
+from ptxgym.tool_runs import PendingRun, ToolKind, ToolRuns
 from ptxgym.worker import make_inputs, resolve_callable, worker_main
 
 _random = random.SystemRandom()  # which timed calls are checked: not predictable from outside
@@ -68,6 +70,9 @@ class JudgeSettings:
     # A worker takes seconds to start (Python, torch, CUDA, CUPTI); with several started ahead,
     # back-to-back steps find one ready even when an evaluation is shorter than a start.
     spare_workers: int = 3
+    # Sanitizer and profiler runs kept waiting beyond one per evaluation in flight, for each
+    # tool turned on (ptxgym.tool_runs); each holds a CUDA context under its tool.
+    spare_tool_runs: int = 1
     # Keep each workload's inputs seeds, references and baseline across requests (and the
     # baseline on disk). False rebuilds them for every request: only to measure what reuse saves.
     reuse_state: bool = True
@@ -243,7 +248,7 @@ class Judge:
             collections.OrderedDict()
         )
         self._state_locks: dict[tuple[str, str], threading.Lock] = {}
-        self._mutex = threading.Lock()  # guards the two dicts above and the spares
+        self._mutex = threading.Lock()  # guards the two dicts above, the spares, _in_flight
         self.spares: list[_Worker] = []
         properties = torch.cuda.get_device_properties(device)
         gpus = visible_gpus()
@@ -259,6 +264,12 @@ class Judge:
             "timing_method": "cupti" if self.timer.cupti is not None else "host-sync",
         }
         self._start_spares()
+        # Tool runs started ahead of need, for each tool a verdict may call for.
+        self._in_flight = 0  # evaluations under way (guarded by _mutex)
+        kinds: list[ToolKind] = [*self._sanitizer_tools(Status.PASSED)]
+        kinds += ["profile"] if settings.profile else []
+        self.tool_runs = ToolRuns(device, kinds, settings.spare_tool_runs)
+        self.tool_runs.top_up(0)
 
     def _start_spares(self) -> None:
         """Start workers for later evaluations, up to ``settings.spare_workers`` waiting."""
@@ -384,10 +395,14 @@ class Judge:
         stages: dict[str, float] = {}
         states = [self.workload_state(task, w) for w in task.workloads]
         stages["state"] = time.perf_counter() - started
-        # The sanitizer and profiler runs start now, so that their start-up (the tool, Python,
-        # torch) overlaps the evaluation; they wait for the word before touching the GPU.
-        pending = self._start_tools(task, library, states[0])
+        # Tool runs for this evaluation's verdict, started ahead (their start-up overlaps the
+        # evaluation, or an earlier one); they touch the GPU only for their CUDA context
+        # before the word.
+        with self._mutex:
+            self._in_flight += 1
+            in_flight = self._in_flight
         try:
+            self.tool_runs.top_up(in_flight)
             mark = time.perf_counter()
             worker = self._take_worker()
             stages["worker_start"] = time.perf_counter() - mark
@@ -406,10 +421,10 @@ class Judge:
             finally:
                 # Started after the timing, not during it; its start-up overlaps other work.
                 self._start_spares()
-            sanitizers, profile = self._finish_tools(pending, verdict.status)
+            sanitizers, profile = self._finish_tools(task, library, states[0], verdict.status)
         finally:
-            for run in pending.values():
-                run.cancel()
+            with self._mutex:
+                self._in_flight -= 1
         for report in sanitizers:
             stages[report.tool] = report.seconds
             stages.update({f"{report.tool}_{k}": v for k, v in report.call_seconds.items()})
@@ -433,51 +448,38 @@ class Judge:
             isolation=isolation,
         )
 
-    def _start_tools(
-        self, task: Task, library: str, state: _WorkloadState
-    ) -> dict[str, PendingSanitizer | PendingProfile]:
-        """Every tool run the settings may call for, started and waiting (on the first
-        workload's first trial inputs)."""
-        payload = {"axes": state.spec.axes, "sequences": state.spec.sequences}
-        seed = state.stages[0].seed
-        pending: dict[str, PendingSanitizer | PendingProfile] = {}
-        # A pass calls for every tool the settings turn on: start each of them.
-        for tool in self._sanitizer_tools(Status.PASSED):
-            pending[tool] = PendingSanitizer(
-                task, library, payload, seed, device=self.device, tool=tool
-            )
-        if self.settings.profile:
-            pending["profile"] = PendingProfile(task, library, payload, seed, device=self.device)
-        return pending
-
     def _finish_tools(
-        self, pending: dict[str, PendingSanitizer | PendingProfile], status: Status
+        self, task: Task, library: str, state: _WorkloadState, status: Status
     ) -> tuple[tuple[SanitizerReport, ...], InstructionProfile | None]:
-        """Run the tools this status calls for, all at once (their GPU parts take turns under
-        the GPU lock), and drop the others. A profile is run for a pass, and kept by the
-        caller only if memcheck agrees."""
-        wanted: set[str] = set(self._sanitizer_tools(status))
-        if status is Status.PASSED:
-            wanted.add("profile")
-        for name, run in pending.items():
-            if name not in wanted:
-                run.cancel()
-        chosen = {name: run for name, run in pending.items() if name in wanted}
-        with ThreadPoolExecutor(max_workers=max(1, len(chosen))) as pool:
-            futures = {name: pool.submit(self._finish, run) for name, run in chosen.items()}
-            results = {name: future.result() for name, future in futures.items()}
+        """Run the tools this status calls for on the first workload's first trial inputs, all
+        at once (their GPU parts take turns under the GPU lock). A profile is run for a pass,
+        and kept by the caller only if memcheck agrees."""
+        wanted: list[ToolKind] = [*self._sanitizer_tools(status)]
+        if status is Status.PASSED and self.settings.profile:
+            wanted.append("profile")
+        if not wanted:
+            return (), None
+        payload = {"axes": state.spec.axes, "sequences": state.spec.sequences}
+        job = CallJob(task, library, payload, state.stages[0].seed)
+        chosen = {kind: self.tool_runs.take(kind) for kind in wanted}
+        with ThreadPoolExecutor(max_workers=len(chosen)) as pool:
+            futures = {kind: pool.submit(self._finish, run, job) for kind, run in chosen.items()}
+            # Replacements start up while these run (they take the GPU only between timings).
+            with self._mutex:
+                in_flight = self._in_flight
+            self.tool_runs.top_up(in_flight)
+            results = {kind: future.result() for kind, future in futures.items()}
         sanitizers = tuple(r for r in results.values() if isinstance(r, SanitizerReport))
         profile = results.get("profile")
         return sanitizers, profile if isinstance(profile, InstructionProfile) else None
 
-    def _finish(
-        self, run: PendingSanitizer | PendingProfile
-    ) -> SanitizerReport | InstructionProfile:
-        """Give one tool run the word; never raises (a failure is an unknown result)."""
+    def _finish(self, run: PendingRun, job: CallJob) -> SanitizerReport | InstructionProfile:
+        """Give one tool run the job and the word; never raises (a failure is an unknown
+        result)."""
         try:
             if isinstance(run, PendingProfile):
-                return run.finish(self.settings.profile_timeout_s)
-            return run.finish(self.settings.sanitizer_timeout_s)
+                return run.finish(job, self.settings.profile_timeout_s)
+            return run.finish(job, self.settings.sanitizer_timeout_s)
         except Exception as exc:
             reason = f"{type(exc).__name__}: {exc}"
             if isinstance(run, PendingProfile):
@@ -718,6 +720,7 @@ class Judge:
             spares, self.spares = self.spares, []
         for worker in spares:
             worker.kill()
+        self.tool_runs.close()
         shutil.rmtree(self.folder, ignore_errors=True)
 
 

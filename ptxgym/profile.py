@@ -40,7 +40,7 @@ from ptxgym import paths
 from ptxgym.isolation import python_environment, restrict_writes, seal
 from ptxgym.processes import ProcessGroup, wait_for_word
 from ptxgym.sass import family_present
-from ptxgym.single_call import PendingCall, call_seconds
+from ptxgym.single_call import CallJob, PendingCall, call_seconds
 from ptxgym.tasks import Task
 
 THREAD_METRIC = "sass__thread_inst_executed_true_per_opcode"
@@ -137,19 +137,11 @@ def _report_module_dir(ncu: str) -> Path | None:
 
 
 class PendingProfile:
-    """The profile of one call, started ahead of time (``ptxgym.single_call.PendingCall``):
-    ``finish`` gives the word and reads the report; ``cancel`` drops it."""
+    """An Nsight Compute run started ahead of need (``ptxgym.single_call.PendingCall``), with
+    its report reader: ``finish`` hands it one call's job and reads the report; ``cancel``
+    drops it."""
 
-    def __init__(
-        self,
-        task: Task,
-        library: str,
-        workload: Mapping[str, Any],
-        seed: int,
-        *,
-        device: int,
-    ) -> None:
-        self.task = task
+    def __init__(self, *, device: int) -> None:
         self.failure: str | None = None
         self.call: PendingCall | None = None
         ncu = find_ncu()
@@ -160,9 +152,7 @@ class PendingProfile:
         if self.reader_path is None:
             self.failure = f"Nsight Compute's Python report interface was not found beside {ncu}"
             return
-        self.call = PendingCall(
-            task, library, workload, seed, device=device, prefix="ptxgym-profile-"
-        )
+        self.call = PendingCall(device=device, prefix="ptxgym-profile-")
         self.report_folder = Path(tempfile.mkdtemp(prefix="ptxgym-profile-report-"))
         self.report = self.report_folder / "profile.ncu-rep"
         self.call.start(
@@ -192,8 +182,8 @@ class PendingProfile:
             cwd=self.report_folder,
         )
 
-    def finish(self, timeout_s: float = DEFAULT_TIMEOUT_S) -> InstructionProfile:
-        """Run the call under the profiler and read its report; never raises for the
+    def finish(self, job: CallJob, timeout_s: float = DEFAULT_TIMEOUT_S) -> InstructionProfile:
+        """Run ``job``'s call under the profiler and read its report; never raises for the
         candidate's or the profiler's failures (they give an unknown profile)."""
         started = time.perf_counter()
 
@@ -203,7 +193,7 @@ class PendingProfile:
         if self.failure is not None or self.call is None:
             return unknown(self.failure or "the profile was not started")
         try:
-            code, output = self.call.run(timeout_s)
+            code, output = self.call.run(job, timeout_s)
             if code is None:
                 return unknown(f"the profile did not finish within {timeout_s:.0f} s")
             if code != 0 or not self.report.is_file():
@@ -234,7 +224,7 @@ class PendingProfile:
             thread_counts,
             warp_counts,
             kernels,
-            families_executed(self.task, thread_counts),
+            families_executed(job.task, thread_counts),
             time.perf_counter() - started,
             read_seconds,
             profiled_call,
@@ -262,7 +252,8 @@ def profile_candidate(
     timeout_s: float = DEFAULT_TIMEOUT_S,
 ) -> InstructionProfile:
     """Profile one call of the candidate on ``workload`` (axes and sequences) with ``seed``."""
-    return PendingProfile(task, library, workload, seed, device=device).finish(timeout_s)
+    job = CallJob(task, library, workload, seed)
+    return PendingProfile(device=device).finish(job, timeout_s)
 
 
 def _kernel_facts(kernel: Mapping[str, Any]) -> KernelFacts:

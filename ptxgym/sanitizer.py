@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from ptxgym import paths
-from ptxgym.single_call import PendingCall, call_seconds
+from ptxgym.single_call import CallJob, PendingCall, call_seconds
 from ptxgym.tasks import Task
 
 Tool = Literal["memcheck", "racecheck"]
@@ -61,28 +61,16 @@ def find_compute_sanitizer() -> str | None:
 
 
 class PendingSanitizer:
-    """One call under a compute-sanitizer tool, started ahead of time
-    (``ptxgym.single_call.PendingCall``): ``finish`` gives the word and reads the tool's
-    report; ``cancel`` drops it."""
+    """A compute-sanitizer tool run started ahead of need (``ptxgym.single_call.PendingCall``):
+    ``finish`` hands it one call's job and reads the tool's report; ``cancel`` drops it."""
 
-    def __init__(
-        self,
-        task: Task,
-        library: str,
-        workload: Mapping[str, Any],
-        seed: int,
-        *,
-        device: int,
-        tool: Tool = "memcheck",
-    ) -> None:
+    def __init__(self, *, device: int, tool: Tool = "memcheck") -> None:
         self.tool = tool
         self.call: PendingCall | None = None
         sanitizer = find_compute_sanitizer()
         if sanitizer is None:
             return
-        self.call = PendingCall(
-            task, library, workload, seed, device=device, prefix=f"ptxgym-{tool}-"
-        )
+        self.call = PendingCall(device=device, prefix=f"ptxgym-{tool}-")
         self.call.start(
             [
                 sanitizer,
@@ -99,8 +87,8 @@ class PendingSanitizer:
             {"PYTORCH_NO_CUDA_MEMORY_CACHING": "1"},
         )
 
-    def finish(self, timeout_s: float = DEFAULT_TIMEOUT_S) -> SanitizerReport:
-        """Run the call under the tool; never raises for the candidate's or the tool's
+    def finish(self, job: CallJob, timeout_s: float = DEFAULT_TIMEOUT_S) -> SanitizerReport:
+        """Run ``job``'s call under the tool; never raises for the candidate's or the tool's
         failures (they give a report that is not ``ok``)."""
         started = time.perf_counter()
         tool = self.tool
@@ -113,7 +101,7 @@ class PendingSanitizer:
         if self.call is None:
             return unknown("compute-sanitizer was not found")
         try:
-            code, output = self.call.run(timeout_s)
+            code, output = self.call.run(job, timeout_s)
         finally:
             self.call.close()
         if code is None:
@@ -148,9 +136,8 @@ def sanitize_candidate(
     timeout_s: float = DEFAULT_TIMEOUT_S,
 ) -> SanitizerReport:
     """Run one call of the candidate on ``workload`` with ``seed`` under ``tool``."""
-    return PendingSanitizer(task, library, workload, seed, device=device, tool=tool).finish(
-        timeout_s
-    )
+    job = CallJob(task, library, workload, seed)
+    return PendingSanitizer(device=device, tool=tool).finish(job, timeout_s)
 
 
 def parse_error_count(output: str) -> int | None:

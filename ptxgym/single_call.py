@@ -6,12 +6,13 @@ one input set with the task's trusted generator, allocates poisoned outputs, and
 candidate once between ``cudaProfilerStart`` and ``cudaProfilerStop`` (so a profiler started with
 ``--profile-from-start off`` sees only the candidate's own launches). It never sees references.
 
-Most of such a run is start-up (the tool, Python, torch), so the judge starts it together with
-the worker's evaluation (``PendingCall``), and the program waits, without touching the GPU,
-for the word: ``go`` (the evaluation says the call is wanted) or ``stop``. After ``go`` it takes
-the GPU's lock (``ptxgym.gpu_lock``) for its GPU work only: shared for its CUDA context, alone
-for the call. It runs with a scrubbed environment in a folder of its own, and gives up waiting
-when the judge is gone.
+Most of such a run is start-up (the tool, Python, torch, the CUDA context under the tool), so the
+judge keeps runs started ahead of need (``PendingCall``), not yet bound to a candidate, as it
+keeps workers. A waiting run has made its CUDA context, sharing the GPU (``ptxgym.gpu_lock``:
+never during a timing), and does nothing else until the word: ``go``, with the job (the
+candidate's library, its task and input set), or ``stop``. After ``go`` it holds the GPU alone
+to load the candidate, make the inputs and call it. It runs with a scrubbed environment in a
+folder of its own, and gives up waiting when the judge is gone.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,41 +36,51 @@ from ptxgym.tasks import Task
 
 EXIT_ENTRY_FAILED = 3  # the entry point returned a CUDA error
 EXIT_NOT_WANTED = 4  # told to stop, or the judge went away, before the call
-# The line on which the program says where its seconds after the word went (``call_seconds``).
+# The line on which the program says where its seconds went (``call_seconds``).
 SECONDS_MARK = "ptxgym-single-call-seconds "
 _SECONDS_KEYS = ("context", "gpu_wait", "gpu")
 
 
-class PendingCall:
-    """A single-call program started under a tool, waiting for ``run`` or ``cancel``."""
+@dataclass(frozen=True)
+class CallJob:
+    """What one call is: the candidate's library, the task it is for, and its input set."""
 
-    def __init__(
-        self,
-        task: Task,
-        library: str,
-        workload: Mapping[str, Any],
-        seed: int,
-        *,
-        device: int,
-        prefix: str,
-    ) -> None:
+    task: Task
+    library: str
+    workload: Mapping[str, Any]  # axes and sequences of one workload
+    seed: int
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {
+                "task": self.task.model_dump(mode="json"),
+                "library": self.library,
+                "workload": dict(self.workload),
+                "seed": self.seed,
+            }
+        )
+
+
+class PendingCall:
+    """A single-call program started under a tool ahead of need, not yet bound to a candidate:
+    ``run`` hands it a job and the word; ``cancel`` drops it."""
+
+    def __init__(self, *, device: int, prefix: str) -> None:
         self.folder = Path(tempfile.mkdtemp(prefix=prefix))
         self.device = device
         self._go = self.folder / "go"
         self._stop = self.folder / "stop"
-        job = {
-            "task": task.model_dump(mode="json"),
-            "library": library,
-            "workload": dict(workload),
-            "seed": seed,
+        self._job = self.folder / "job.json"
+        spec = {
             "gpu_lock": str(lock_path(device)),
             "go": str(self._go),
             "stop": str(self._stop),
+            "job": str(self._job),
             "judge_pid": os.getpid(),
         }
-        job_path = self.folder / "job.json"
-        job_path.write_text(json.dumps(job))
-        self.program = [sys.executable, "-m", "ptxgym.single_call", str(job_path)]
+        spec_path = self.folder / "spec.json"
+        spec_path.write_text(json.dumps(spec))
+        self.program = [sys.executable, "-m", "ptxgym.single_call", str(spec_path)]
         self.group: ProcessGroup | None = None
 
     def start(self, command: list[str], environment: Mapping[str, str] | None = None) -> None:
@@ -84,11 +96,18 @@ class PendingCall:
             cwd=self.folder,
         )
 
-    def run(self, timeout_s: float) -> tuple[int | None, str]:
-        """Give the word and wait for the end: exit code (None past the deadline) and output."""
+    def run(self, job: CallJob, timeout_s: float) -> tuple[int | None, str]:
+        """Hand over the job, give the word, and wait for the end: exit code (None past the
+        deadline) and output."""
         assert self.group is not None, "start() first"
+        self._job.write_text(job.to_json())  # complete before the word: the program reads it then
         self._go.touch()
         return self.group.wait(timeout_s)
+
+    @property
+    def alive(self) -> bool:
+        """Still waiting (or running): not ended by a failed start-up or the judge."""
+        return self.group is not None and self.group.process.poll() is None
 
     def cancel(self) -> None:
         """Tell the program the call is not wanted, and make sure the group is gone."""
@@ -103,28 +122,21 @@ class PendingCall:
         shutil.rmtree(self.folder, ignore_errors=True)
 
 
-def run_job(job_path: str) -> int:
-    """Wait for the word, then make the inputs and call the candidate once."""
+def run_job(spec_path: str) -> int:
+    """Start up, wait for the word and the job, then make the inputs and call the candidate."""
     # A printf flood ends this process instead of filling the disk (as in the worker).
     limit_resources()
-    job = json.loads(Path(job_path).read_text())
-    import torch  # the slow part of the start-up, done while waiting is still cheap
+    spec = json.loads(Path(spec_path).read_text())
+    import torch
 
     from ptxgym.worker import Entry, allocate_outputs, make_inputs
 
-    task = Task.model_validate(job["task"])
-    workload = job["workload"]
-    axes = {**task.definition.const_axes, **workload["axes"]}
-    # Nothing touches the GPU before the word: a run that is not wanted (the candidate failed)
-    # costs the GPU nothing. Making the CUDA context and inputs ahead of the word was tried: on
-    # the H200 every pending run's start-up under its tool then held the GPU shared, and
-    # timings waited behind them (docs/benchmarks.md, fourth session).
-    if not wait_for_word(Path(job["go"]), int(job["judge_pid"]), stop=Path(job["stop"])):
-        return EXIT_NOT_WANTED
-    gpu_lock = Path(job["gpu_lock"])
-    # The CUDA context is made sharing the GPU (never during a timing); the call itself has the
-    # GPU to itself. Nsight Compute and compute-sanitizer do not overlap well: on the H200, runs
-    # sharing the GPU made a step slower, not faster (docs/benchmarks.md, third session).
+    gpu_lock = Path(spec["gpu_lock"])
+    # The start-up (Python, torch, the CUDA context under the tool) happens ahead of need, so
+    # that after the word only the call is left. The context is made sharing the GPU (never
+    # during a timing). Nothing else touches the GPU before the word: inputs made ahead, by
+    # every waiting run, held the GPU long enough to keep timings waiting (docs/benchmarks.md,
+    # fourth session), and no candidate code is loaded before it.
     started = time.perf_counter()
     with holding(gpu_lock, exclusive=False):
         torch.zeros(1, device="cuda")
@@ -133,6 +145,15 @@ def run_job(job_path: str) -> int:
     seal(network=True)
     # Writes only in this call's folder from here on (the tool's own processes write the report).
     restrict_writes(Path.cwd())
+    if not wait_for_word(Path(spec["go"]), int(spec["judge_pid"]), stop=Path(spec["stop"])):
+        return EXIT_NOT_WANTED
+    job = json.loads(Path(spec["job"]).read_text())
+    task = Task.model_validate(job["task"])
+    workload = job["workload"]
+    axes = {**task.definition.const_axes, **workload["axes"]}
+    # The call has the GPU to itself. Nsight Compute and compute-sanitizer do not overlap well:
+    # on the H200, runs sharing the GPU made a step slower, not faster (docs/benchmarks.md,
+    # third session).
     started = time.perf_counter()
     with holding(gpu_lock) as waited:
         entry = Entry(job["library"], task)
@@ -153,11 +174,11 @@ def run_job(job_path: str) -> int:
 
 
 def call_seconds(output: str) -> dict[str, float]:
-    """Where a run's seconds after the word went, from the last line it printed for the judge:
-    ``context`` (making the CUDA context under the tool, sharing the GPU), ``gpu_wait`` (waiting
-    to have the GPU alone) and ``gpu`` (holding it: loading the candidate, its inputs, the call
-    under the tool). Empty when there is no such line (the run failed before its end). For
-    the stage breakdown only: nothing is judged on it."""
+    """Where a run's seconds went, from the last line it printed for the judge: ``context``
+    (making the CUDA context under the tool, sharing the GPU, before the word), and after the
+    word ``gpu_wait`` (waiting to have the GPU alone) and ``gpu`` (holding it: loading the
+    candidate, its inputs, the call under the tool). Empty when there is no such line (the run
+    failed before its end). For the stage breakdown only: nothing is judged on it."""
     for line in reversed(output.splitlines()):
         if line.startswith(SECONDS_MARK):
             try:
@@ -170,6 +191,6 @@ def call_seconds(output: str) -> dict[str, float]:
 
 if __name__ == "__main__":
     if len(sys.argv) != 2:
-        print("usage: python -m ptxgym.single_call JOB.json", file=sys.stderr)
+        print("usage: python -m ptxgym.single_call SPEC.json", file=sys.stderr)
         sys.exit(2)
     sys.exit(run_job(sys.argv[1]))

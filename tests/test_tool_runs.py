@@ -1,17 +1,21 @@
-"""Sanitizer and profiler runs started ahead of time, on the CPU, with stand-in tools.
+"""Sanitizer and profiler runs started ahead of need, on the CPU, with stand-in tools.
 
-The stand-ins behave like the real ones where it matters here: they start the single-call
-program's job (its last argument), wait for the judge's word like ``ptxgym.single_call`` does,
-and report. The judge starts every run the settings call for with the evaluation, then gives
-the word only to those the verdict calls for and drops the others.
+The stand-ins behave like the real ones where it matters here: they read the single-call
+program's spec (their last argument), wait for the judge's word like ``ptxgym.single_call``
+does, read the job handed over with it, and report. The judge keeps runs of every tool its
+settings turn on waiting (``ptxgym.tool_runs``), hands a job only to those the verdict calls
+for, and keeps the others waiting for the next evaluation.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import stat
 import sys
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -19,31 +23,31 @@ import pytest
 from ptxgym.judge import Judge, JudgeSettings, _Stage, _WorkloadState
 from ptxgym.outcome import Status
 from ptxgym.tasks import get_task
+from ptxgym.tool_runs import ToolRuns
 
 GEMM = get_task("PTX-H100-GEMM")
 
 # A stand-in tool: waits for the word in the job, leaves a mark saying which word came (in the
 # folder above the job's, which outlives it), then reports as the real tool would.
 _STAND_IN = """#!{python}
-import json, sys, time
+import json, os, sys, time
 from pathlib import Path
-job = json.loads(Path(sys.argv[-1]).read_text())
+spec = json.loads(Path(sys.argv[-1]).read_text())
 marks = Path({marks!r})
 marks.mkdir(exist_ok=True)
-name = {name!r}
+name = {name!r} + "-" + str(os.getpid())
 (marks / (name + ".started")).write_text(str(time.monotonic()))
 while True:
-    if Path(job["stop"]).exists():
+    if Path(spec["stop"]).exists():
         (marks / (name + ".stopped")).touch()
         sys.exit(4)
-    if Path(job["go"]).exists():
+    if Path(spec["go"]).exists():
         break
     time.sleep(0.01)
-(marks / (name + ".went")).write_text(str(time.monotonic()))
+(marks / (name + ".went")).write_text(Path(spec["job"]).read_text())
 {report}
 """
 
-# What the program prints last (where its seconds went), then the tool's summary.
 _MEMCHECK_REPORT = (
     'print("ptxgym-single-call-seconds "\n'
     '      "{\\"context\\": 0.5, \\"gpu_wait\\": 0.25, \\"gpu\\": 1.0}")\n'
@@ -68,7 +72,7 @@ def _stand_in(folder: Path, name: str, report: str, marks: Path) -> Path:
 
 
 @pytest.fixture
-def judge(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Judge:
+def judge(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Judge]:
     marks = tmp_path / "marks"
     tools = tmp_path / "tools"
     (tools / "extras" / "python").mkdir(parents=True)
@@ -80,66 +84,97 @@ def judge(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Judge:
     monkeypatch.setenv("PTXGYM_NCU", str(_stand_in(tools, "ncu", _NCU_REPORT, marks)))
     monkeypatch.setenv("PTXGYM_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("PTXGYM_LOCK_DIR", str(tmp_path / "locks"))
-    stand_in = Judge.__new__(Judge)  # the tool logic needs only the settings and the device
+    stand_in = Judge.__new__(Judge)  # the tool logic needs the settings, device and the runs
     stand_in.settings = JudgeSettings(memcheck=True, profile=True)
     stand_in.device = 0
-    return stand_in
+    stand_in._mutex = threading.Lock()
+    stand_in._in_flight = 1  # the evaluation under test
+    stand_in.tool_runs = ToolRuns(0, ["memcheck", "profile"], spare=1)
+    yield stand_in
+    stand_in.tool_runs.close()
 
 
 def _state() -> _WorkloadState:
     return _WorkloadState(GEMM.workloads[0], [_Stage("trial0", 7, False)], 1.0, "cupti")
 
 
-def _wait_for(path: Path) -> None:
+def _marks(tmp_path: Path, suffix: str) -> list[Path]:
+    return sorted((tmp_path / "marks").glob(f"*.{suffix}"))
+
+
+def _wait_for(tmp_path: Path, suffix: str, count: int) -> list[Path]:
     deadline = time.monotonic() + 30
-    while not path.exists() and time.monotonic() < deadline:
+    while len(_marks(tmp_path, suffix)) < count and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert path.exists(), f"{path.name} never appeared"
+    found = _marks(tmp_path, suffix)
+    assert len(found) >= count, f"{count} '{suffix}' marks expected, {len(found)} appeared"
+    return found
 
 
-def test_a_crash_runs_memcheck_and_drops_the_profile(judge: Judge, tmp_path: Path) -> None:
-    pending = judge._start_tools(GEMM, "/x.so", _state())
-    assert set(pending) == {"memcheck", "profile"}
-    marks = tmp_path / "marks"
-    _wait_for(marks / "compute-sanitizer.started")
-    _wait_for(marks / "ncu.started")
-    sanitizers, profile = judge._finish_tools(pending, Status.RUNTIME_ERROR)
+def test_runs_wait_started_ahead_one_per_evaluation_in_flight_plus_spare(
+    judge: Judge, tmp_path: Path
+) -> None:
+    judge.tool_runs.top_up(3)
+    assert judge.tool_runs.waiting("memcheck") == judge.tool_runs.waiting("profile") == 4
+    started = _wait_for(tmp_path, "started", 8)  # every program started before any job
+    assert not _marks(tmp_path, "went")
+    judge.tool_runs.top_up(1)  # fewer evaluations: nothing started, nothing dropped
+    assert judge.tool_runs.waiting("profile") == 4 and len(_marks(tmp_path, "started")) == 8
+    judge.tool_runs.close()
+    assert judge.tool_runs.waiting("profile") == 0
+    assert started
+
+
+def test_a_crash_runs_memcheck_and_keeps_the_profile_waiting(judge: Judge, tmp_path: Path) -> None:
+    judge.tool_runs.top_up(1)
+    sanitizers, profile = judge._finish_tools(GEMM, "/x.so", _state(), Status.RUNTIME_ERROR)
     (memcheck,) = sanitizers
     assert memcheck.tool == "memcheck" and memcheck.ok and memcheck.clean
     assert memcheck.call_seconds == {"context": 0.5, "gpu_wait": 0.25, "gpu": 1.0}
     assert profile is None
-    assert (marks / "compute-sanitizer.went").exists()
-    assert not (marks / "ncu.went").exists()
-    for run in pending.values():  # every folder is gone, every process too
-        assert run.call is not None and not run.call.folder.exists()
-        assert run.call.group is not None and run.call.group.process.poll() is not None
+    (went,) = _marks(tmp_path, "went")
+    assert went.name.startswith("compute-sanitizer-")
+    job = json.loads(went.read_text())  # the job is handed over with the word
+    assert job["library"] == "/x.so" and job["seed"] == 7
+    assert job["task"]["id"] == GEMM.id
+    # The profile run nobody needed waits on for the next evaluation; memcheck's is replaced.
+    assert judge.tool_runs.waiting("profile") == 2
+    assert judge.tool_runs.waiting("memcheck") == 2
 
 
 def test_a_pass_runs_both_and_a_hang_runs_neither(judge: Judge, tmp_path: Path) -> None:
-    pending = judge._start_tools(GEMM, "/x.so", _state())
-    sanitizers, profile = judge._finish_tools(pending, Status.PASSED)
+    sanitizers, profile = judge._finish_tools(GEMM, "/x.so", _state(), Status.PASSED)
     assert [s.tool for s in sanitizers] == ["memcheck"]
     # The stand-in reader fails on purpose: the profile ran, and its failure is an unknown.
     assert profile is not None and not profile.ok
     assert "stand-in reader" in profile.reason
-    marks = tmp_path / "marks"
-    assert (marks / "ncu.went").exists() and (marks / "compute-sanitizer.went").exists()
-
-    pending = judge._start_tools(GEMM, "/x.so", _state())
-    assert judge._finish_tools(pending, Status.TIMEOUT) == ((), None)
+    assert sorted(p.name.split("-")[0] for p in _marks(tmp_path, "went")) == ["compute", "ncu"]
+    assert judge._finish_tools(GEMM, "/x.so", _state(), Status.TIMEOUT) == ((), None)
+    assert len(_marks(tmp_path, "went")) == 2
 
 
-def test_the_job_tells_the_program_where_the_gpu_lock_and_the_judge_are(
+def test_a_run_whose_program_ended_while_waiting_is_replaced(judge: Judge, tmp_path: Path) -> None:
+    judge.tool_runs.top_up(0)
+    (run,) = judge.tool_runs._waiting["memcheck"]
+    assert run.call is not None and run.call.group is not None
+    run.call.group.kill()  # as a failed start-up would end
+    taken = judge.tool_runs.take("memcheck")
+    assert taken is not run and taken.call is not None and taken.call.alive
+    assert not run.call.folder.exists()  # the dead one is cleaned up
+    taken.cancel()
+
+
+def test_the_spec_tells_the_program_where_the_gpu_lock_and_the_judge_are(
     judge: Judge, tmp_path: Path
 ) -> None:
-    pending = judge._start_tools(GEMM, "/x.so", _state())
-    run = pending["memcheck"]
+    run = judge.tool_runs.take("memcheck")
     assert run.call is not None
-    job = json.loads((run.call.folder / "job.json").read_text())
-    assert job["gpu_lock"] == str(tmp_path / "locks" / "gpu-0.lock")
-    assert job["library"] == "/x.so" and job["seed"] == 7
-    for each in pending.values():
-        each.cancel()
+    spec = json.loads((run.call.folder / "spec.json").read_text())
+    assert spec["gpu_lock"] == str(tmp_path / "locks" / "gpu-0.lock")
+    assert spec["judge_pid"] == os.getpid()
+    assert Path(spec["job"]).parent == run.call.folder
+    run.cancel()
+    assert not run.call.folder.exists()
 
 
 def test_the_program_waits_for_go_and_gives_up_on_stop_or_a_dead_judge(tmp_path: Path) -> None:
