@@ -116,13 +116,15 @@ def test_runs_wait_started_ahead_one_per_evaluation_in_flight_plus_spare(
 ) -> None:
     judge.tool_runs.top_up(3)
     assert judge.tool_runs.waiting("memcheck") == judge.tool_runs.waiting("profile") == 4
-    started = _wait_for(tmp_path, "started", 8)  # every program started before any job
+    _wait_for(tmp_path, "started", 8)  # every program started before any job
     assert not _marks(tmp_path, "went")
     judge.tool_runs.top_up(1)  # fewer evaluations: nothing started, nothing dropped
     assert judge.tool_runs.waiting("profile") == 4 and len(_marks(tmp_path, "started")) == 8
+    runs = [run for kind in ("memcheck", "profile") for run in judge.tool_runs._waiting[kind]]
     judge.tool_runs.close()
     assert judge.tool_runs.waiting("profile") == 0
-    assert started
+    for run in runs:  # every program ended, every folder gone
+        assert run.call is not None and not run.call.alive and not run.call.folder.exists()
 
 
 def test_a_crash_runs_memcheck_and_keeps_the_profile_waiting(judge: Judge, tmp_path: Path) -> None:
