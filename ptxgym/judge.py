@@ -47,6 +47,9 @@ _LOG_TAIL_CHARS = 2000
 # A worker's start (Python, torch, CUDA context, CUPTI) takes seconds, more on a busy host; it is
 # ours, not the candidate's, so it has its own deadline, independent of the stage timeout.
 _WORKER_START_TIMEOUT_S = 120.0
+# How long the sanitizers' words wait for the profile to take the GPU first (it is waiting with
+# its CUDA context made, so this is normally milliseconds).
+_PROFILE_FIRST_WAIT_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -462,8 +465,15 @@ class Judge:
         payload = {"axes": state.spec.axes, "sequences": state.spec.sequences}
         job = CallJob(task, library, payload, state.stages[0].seed)
         chosen = {kind: self.tool_runs.take(kind) for kind in wanted}
+        # The profile has the GPU first: its report is written and read after its call, and the
+        # sanitizers' calls fit in that time, where before the profile they would only delay it.
+        profile_call = chosen["profile"].call if "profile" in chosen else None
         with ThreadPoolExecutor(max_workers=len(chosen)) as pool:
-            futures = {kind: pool.submit(self._finish, run, job) for kind, run in chosen.items()}
+            futures = {}
+            for kind, run in sorted(chosen.items(), key=lambda item: item[0] != "profile"):
+                if kind != "profile" and profile_call is not None:
+                    profile_call.wait_until_gpu_taken(_PROFILE_FIRST_WAIT_S)
+                futures[kind] = pool.submit(self._finish, run, job)
             # Replacements start up while these run (they take the GPU only between timings).
             with self._mutex:
                 in_flight = self._in_flight

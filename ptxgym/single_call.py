@@ -39,6 +39,7 @@ EXIT_NOT_WANTED = 4  # told to stop, or the judge went away, before the call
 # The line on which the program says where its seconds went (``call_seconds``).
 SECONDS_MARK = "ptxgym-single-call-seconds "
 _SECONDS_KEYS = ("context", "gpu_wait", "gpu")
+_POLL_S = 0.005
 
 
 @dataclass(frozen=True)
@@ -71,11 +72,13 @@ class PendingCall:
         self._go = self.folder / "go"
         self._stop = self.folder / "stop"
         self._job = self.folder / "job.json"
+        self._taken = self.folder / "gpu-taken"
         spec = {
             "gpu_lock": str(lock_path(device)),
             "go": str(self._go),
             "stop": str(self._stop),
             "job": str(self._job),
+            "taken": str(self._taken),
             "judge_pid": os.getpid(),
         }
         spec_path = self.folder / "spec.json"
@@ -103,6 +106,13 @@ class PendingCall:
         self._job.write_text(job.to_json())  # complete before the word: the program reads it then
         self._go.touch()
         return self.group.wait(timeout_s)
+
+    def wait_until_gpu_taken(self, timeout_s: float) -> None:
+        """Return once the program holds the GPU alone for its call (or has ended, or
+        ``timeout_s`` passed): another run given its word after this one queues behind it."""
+        deadline = time.monotonic() + timeout_s
+        while not self._taken.exists() and self.alive and time.monotonic() < deadline:
+            time.sleep(_POLL_S)
 
     @property
     def alive(self) -> bool:
@@ -156,6 +166,8 @@ def run_job(spec_path: str) -> int:
     # third session).
     started = time.perf_counter()
     with holding(gpu_lock) as waited:
+        # Said before any of the candidate's code is loaded, so the candidate cannot say it.
+        Path(spec["taken"]).touch()
         entry = Entry(job["library"], task)
         inputs = make_inputs(task, workload, int(job["seed"]), False)
         outputs = allocate_outputs(task, axes)

@@ -45,6 +45,10 @@ while True:
         break
     time.sleep(0.01)
 (marks / (name + ".went")).write_text(Path(spec["job"]).read_text())
+(marks / (name + ".went-at")).write_text(str(time.monotonic()))
+time.sleep({hold})  # the program's start-up after the word, before it has the GPU
+Path(spec["taken"]).touch()
+(marks / (name + ".taken-at")).write_text(str(time.monotonic()))
 {report}
 """
 
@@ -62,10 +66,12 @@ def load_report(path):
 """
 
 
-def _stand_in(folder: Path, name: str, report: str, marks: Path) -> Path:
+def _stand_in(folder: Path, name: str, report: str, marks: Path, hold: float = 0.0) -> Path:
     tool = folder / name
     tool.write_text(
-        _STAND_IN.format(python=sys.executable, marks=str(marks), name=name, report=report)
+        _STAND_IN.format(
+            python=sys.executable, marks=str(marks), name=name, report=report, hold=hold
+        )
     )
     tool.chmod(tool.stat().st_mode | stat.S_IXUSR)
     return tool
@@ -81,7 +87,7 @@ def judge(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Judge]:
         "PTXGYM_COMPUTE_SANITIZER",
         str(_stand_in(tools, "compute-sanitizer", _MEMCHECK_REPORT, marks)),
     )
-    monkeypatch.setenv("PTXGYM_NCU", str(_stand_in(tools, "ncu", _NCU_REPORT, marks)))
+    monkeypatch.setenv("PTXGYM_NCU", str(_stand_in(tools, "ncu", _NCU_REPORT, marks, hold=0.5)))
     monkeypatch.setenv("PTXGYM_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("PTXGYM_LOCK_DIR", str(tmp_path / "locks"))
     stand_in = Judge.__new__(Judge)  # the tool logic needs the settings, device and the runs
@@ -151,6 +157,10 @@ def test_a_pass_runs_both_and_a_hang_runs_neither(judge: Judge, tmp_path: Path) 
     assert profile is not None and not profile.ok
     assert "stand-in reader" in profile.reason
     assert sorted(p.name.split("-")[0] for p in _marks(tmp_path, "went")) == ["compute", "ncu"]
+    # The profile has the GPU first: memcheck got its word only once the profile held it.
+    (ncu_taken,) = (p for p in _marks(tmp_path, "taken-at") if p.name.startswith("ncu-"))
+    (memcheck_went,) = (p for p in _marks(tmp_path, "went-at") if p.name.startswith("compute-"))
+    assert float(memcheck_went.read_text()) >= float(ncu_taken.read_text())
     assert judge._finish_tools(GEMM, "/x.so", _state(), Status.TIMEOUT) == ((), None)
     assert len(_marks(tmp_path, "went")) == 2
 
