@@ -4,9 +4,10 @@
 # (soak, the 500-step hostile soak of benchmarks/soak.py, is not part of all: it takes minutes.)
 # Results go to $OUT (default benchmarks/out): the pytest logs and the benchmark JSON/markdown.
 #
-# The GPU tests run as three pytest sessions at once, which the GPU lock makes safe (every timing
-# has the GPU to itself, across processes), then the library reference checks, which call
-# cuBLAS, cuDNN and FlashInfer directly, outside the lock, alone.
+# The GPU tests start with a smoke test (one correct candidate through the judge; nothing else
+# runs when it fails). Then three pytest sessions run at once, which the GPU lock makes safe
+# (every timing has the GPU to itself, across processes), then the library reference checks,
+# which call cuBLAS, cuDNN and FlashInfer directly, outside the lock, alone.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 what=${1:-all}
@@ -34,6 +35,14 @@ gpu_tests() {  # name, then pytest paths
     >"$out/pytest-gpu-$name.log" 2>&1
 }
 if [[ $what == tests || $what == all ]]; then
+  pytest_args=()
+  # One correct candidate through the judge first: when that fails (a platform change such
+  # as a confinement CUDA refuses), nothing after it can pass, so stop and show why.
+  if ! gpu_tests smoke tests/gpu/test_gpu_evaluation.py -x -k naive_gemm_passes; then
+    tail -n 40 "$out/pytest-gpu-smoke.log"
+    echo "== smoke failed: the other GPU tests were not run"
+    exit 1
+  fi
   pytest_args=("$@")
   gpu_tests evaluation tests/gpu/test_gpu_evaluation.py tests/gpu/test_gpu_profile.py \
     tests/gpu/test_gpu_sanitizer.py tests/gpu/test_expert_examples.py &
