@@ -55,13 +55,15 @@ def small_task_data(size: int) -> Path:
 
 def process_facts(pid: int) -> dict[str, int]:
     """Resident memory (KiB), open files and child processes of ``pid`` (Linux /proc)."""
+    from ptxgym.processes import stat_fields  # ptxgym only once PTXGYM_DATA is set (main)
+
     status = Path(f"/proc/{pid}/status").read_text()
     rss = next(int(line.split()[1]) for line in status.splitlines() if line.startswith("VmRSS"))
     files = len(os.listdir(f"/proc/{pid}/fd"))
     children = 0
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
-            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == pid:
+            if int(stat_fields(stat)[1]) == pid:
                 children += 1
         except (OSError, IndexError, ValueError):
             continue

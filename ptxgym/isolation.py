@@ -31,6 +31,7 @@ import sys
 from pathlib import Path
 
 from ptxgym.landlock import LandlockUnavailable, confine_writes
+from ptxgym.processes import stat_fields
 from ptxgym.seccomp import SeccompUnavailable, restrict_system_calls
 
 MAX_FILE_BYTES = 64 << 20
@@ -132,7 +133,7 @@ def _erase_initial_environment() -> None:
     /proc/self/environ shows them to anyone in the process (a candidate included). Every entry
     of the table now points at strings set since (``confine`` sets each kept one again), so
     nothing uses the block any more."""
-    fields = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
+    fields = stat_fields(Path("/proc/self/stat"))
     # Fields 50 and 51 of proc(5) (env_start, env_end); the split starts at field 3.
     start, end = int(fields[47]), int(fields[48])
     if 0 < start < end:

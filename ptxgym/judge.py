@@ -35,7 +35,7 @@ from ptxgym.outcome import Status
 from ptxgym.profile import DEFAULT_TIMEOUT_S as DEFAULT_PROFILE_TIMEOUT_S
 from ptxgym.profile import InstructionProfile, PendingProfile
 from ptxgym.sanitizer import DEFAULT_TIMEOUT_S as DEFAULT_SANITIZER_TIMEOUT_S
-from ptxgym.sanitizer import SanitizerReport, Tool
+from ptxgym.sanitizer import SanitizerReport
 from ptxgym.single_call import CallJob
 from ptxgym.tasks import Task, WorkloadSpec
 from ptxgym.timing import TIMED_CALLS, TRIALS, WARMUP_CALLS, Timer, WorkloadTiming
@@ -269,9 +269,8 @@ class Judge:
         self._start_spares()
         # Tool runs started ahead of need, for each tool a verdict may call for.
         self._in_flight = 0  # evaluations under way (guarded by _mutex)
-        kinds: list[ToolKind] = [*self._sanitizer_tools(Status.PASSED)]
-        kinds += ["profile"] if settings.profile else []
-        self.tool_runs = ToolRuns(device, kinds, settings.spare_tool_runs)
+        # A pass calls for every tool the settings turn on.
+        self.tool_runs = ToolRuns(device, self._tools(Status.PASSED), settings.spare_tool_runs)
         self.tool_runs.top_up(0)
 
     def _start_spares(self) -> None:
@@ -457,22 +456,21 @@ class Judge:
         """Run the tools this status calls for on the first workload's first trial inputs, all
         at once (their GPU parts take turns under the GPU lock). A profile is run for a pass,
         and kept by the caller only if memcheck agrees."""
-        wanted: list[ToolKind] = [*self._sanitizer_tools(status)]
-        if status is Status.PASSED and self.settings.profile:
-            wanted.append("profile")
+        wanted = self._tools(status)
         if not wanted:
             return (), None
         payload = {"axes": state.spec.axes, "sequences": state.spec.sequences}
         job = CallJob(task, library, payload, state.stages[0].seed)
         chosen = {kind: self.tool_runs.take(kind) for kind in wanted}
-        # The profile has the GPU first: its report is written and read after its call, and the
-        # sanitizers' calls fit in that time, where before the profile they would only delay it.
-        profile_call = chosen["profile"].call if "profile" in chosen else None
         with ThreadPoolExecutor(max_workers=len(chosen)) as pool:
             futures = {}
-            for kind, run in sorted(chosen.items(), key=lambda item: item[0] != "profile"):
-                if kind != "profile" and profile_call is not None:
-                    profile_call.wait_until_gpu_taken(_PROFILE_FIRST_WAIT_S)
+            # The profile has the GPU first: its report is written and read after its call, and
+            # the sanitizers' calls fit in that time, where before it they would only delay it.
+            if profile_run := chosen.pop("profile", None):
+                futures["profile"] = pool.submit(self._finish, profile_run, job)
+                if profile_run.call is not None:
+                    profile_run.call.wait_until_gpu_taken(_PROFILE_FIRST_WAIT_S)
+            for kind, run in chosen.items():
                 futures[kind] = pool.submit(self._finish, run, job)
             # Replacements start up while these run (they take the GPU only between timings).
             with self._mutex:
@@ -496,14 +494,17 @@ class Judge:
                 return InstructionProfile(False, reason)
             return SanitizerReport(run.tool, False, reason=reason)
 
-    def _sanitizer_tools(self, status: Status) -> list[Tool]:
-        """Which compute-sanitizer tools this verdict calls for (none for a hang: it would hang
-        again under the tool, until the tool's deadline)."""
-        tools: list[Tool] = []
+    def _tools(self, status: Status) -> list[ToolKind]:
+        """The tool runs this verdict calls for: memcheck for a candidate that ran or crashed
+        (not for a hang: it would hang again under the tool, until the tool's deadline),
+        racecheck on request for one that ran to completion, and the profile for a pass."""
+        tools: list[ToolKind] = []
         if self.settings.memcheck and (status.ran or status is Status.RUNTIME_ERROR):
             tools.append("memcheck")
         if self.settings.racecheck and status.ran:
             tools.append("racecheck")
+        if self.settings.profile and status is Status.PASSED:
+            tools.append("profile")
         return tools
 
     def _run(

@@ -17,7 +17,7 @@ from pathlib import Path
 
 HEAD_BYTES = 256 << 10  # first errors of a compiler log
 TAIL_BYTES = 64 << 10  # summaries (compute-sanitizer, ncu, Python tracebacks) come last
-_WORD_POLL_S = 0.005
+POLL_S = 0.005  # how often a waiting loop looks again
 
 
 class ProcessGroup:
@@ -107,8 +107,14 @@ def wait_for_word(
         # Not os.kill(pid, 0): the waiting program's seccomp filter refuses signals to others.
         if not Path(f"/proc/{owner_pid}").exists():
             return False
-        time.sleep(_WORD_POLL_S)
+        time.sleep(POLL_S)
     return False
+
+
+def stat_fields(stat: Path) -> list[str]:
+    """The fields of a ``/proc/PID/stat`` file after the command name (which may itself hold
+    spaces and parentheses): index 0 is field 3 of proc(5), the state."""
+    return stat.read_text().rsplit(")", 1)[1].split()
 
 
 def _group_alive(group: int) -> bool:
@@ -116,7 +122,7 @@ def _group_alive(group: int) -> bool:
     and in a container nothing may reap them soon."""
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
+            fields = stat_fields(stat)
         except (OSError, IndexError):
             continue
         if int(fields[2]) == group and fields[0] not in ("Z", "X"):

@@ -269,8 +269,8 @@ def _kernel_facts(kernel: Mapping[str, Any]) -> KernelFacts:
 
 
 def _read_report(report_path: str) -> int:
-    """Sum the per-opcode counts over every profiled kernel, and list each kernel's section
-    metrics; print them as one JSON line."""
+    """Sum the per-opcode counts over every profiled kernel, and list each kernel's
+    ``FACT_METRICS``; print them as one JSON line."""
     import ncu_report
 
     report = ncu_report.load_report(report_path)

@@ -31,7 +31,7 @@ from typing import Any
 from ptxgym.gpu_lock import holding, lock_path
 from ptxgym.gpus import physical_device
 from ptxgym.isolation import limit_resources, python_environment, restrict_writes, seal
-from ptxgym.processes import ProcessGroup, wait_for_word
+from ptxgym.processes import POLL_S, ProcessGroup, wait_for_word
 from ptxgym.tasks import Task
 
 EXIT_ENTRY_FAILED = 3  # the entry point returned a CUDA error
@@ -39,7 +39,6 @@ EXIT_NOT_WANTED = 4  # told to stop, or the judge went away, before the call
 # The line on which the program says where its seconds went (``call_seconds``).
 SECONDS_MARK = "ptxgym-single-call-seconds "
 _SECONDS_KEYS = ("context", "gpu_wait", "gpu")
-_POLL_S = 0.005
 
 
 @dataclass(frozen=True)
@@ -112,7 +111,7 @@ class PendingCall:
         ``timeout_s`` passed): another run given its word after this one queues behind it."""
         deadline = time.monotonic() + timeout_s
         while not self._taken.exists() and self.alive and time.monotonic() < deadline:
-            time.sleep(_POLL_S)
+            time.sleep(POLL_S)
 
     @property
     def alive(self) -> bool:
@@ -127,7 +126,7 @@ class PendingCall:
 
     def close(self) -> None:
         """Cancel if still waiting, and remove the folder (with anything the tool wrote)."""
-        if self.group is not None and self.group.process.poll() is None:
+        if self.alive:
             self.cancel()
         shutil.rmtree(self.folder, ignore_errors=True)
 

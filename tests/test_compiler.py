@@ -13,6 +13,7 @@ from ptxgym import paths
 from ptxgym.compiler import build_source, compile_source
 from ptxgym.evaluator import CompileOnlyEvaluator
 from ptxgym.outcome import Status
+from ptxgym.processes import stat_fields
 from ptxgym.tasks import get_task
 
 pytestmark = pytest.mark.nvcc
@@ -146,7 +147,7 @@ def _live_processes(name: str) -> list[str]:
     live = []
     for pid in found:
         try:
-            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            state = stat_fields(Path(f"/proc/{pid}/stat"))[0]
         except (OSError, IndexError):
             continue
         if state != "Z":

@@ -143,13 +143,15 @@ def test_memory_errors_turn_any_verdict_into_memory_error() -> None:
 @pytest.mark.parametrize(
     ("settings", "status", "tools"),
     [
-        (JudgeSettings(), Status.PASSED, ["memcheck"]),
+        (JudgeSettings(), Status.PASSED, ["memcheck", "profile"]),
         (JudgeSettings(), Status.INCORRECT_NUMERICAL, ["memcheck"]),
         (JudgeSettings(), Status.RUNTIME_ERROR, ["memcheck"]),
         (JudgeSettings(), Status.TIMEOUT, []),
-        (JudgeSettings(racecheck=True), Status.PASSED, ["memcheck", "racecheck"]),
+        (JudgeSettings(racecheck=True), Status.PASSED, ["memcheck", "racecheck", "profile"]),
         (JudgeSettings(racecheck=True), Status.RUNTIME_ERROR, ["memcheck"]),
-        (JudgeSettings(memcheck=False), Status.PASSED, []),
+        (JudgeSettings(memcheck=False), Status.PASSED, ["profile"]),
+        (JudgeSettings(memcheck=False, profile=False), Status.PASSED, []),
+        (JudgeSettings(profile=False), Status.PASSED, ["memcheck"]),
     ],
 )
 def test_which_tools_run_for_which_verdict(
@@ -157,7 +159,7 @@ def test_which_tools_run_for_which_verdict(
 ) -> None:
     judge = Judge.__new__(Judge)  # only the settings matter here; no GPU state is made
     judge.settings = settings
-    assert judge._sanitizer_tools(status) == tools
+    assert judge._tools(status) == tools
 
 
 def test_feedback_shows_findings_and_unknowns() -> None:
