@@ -58,10 +58,10 @@ def test_missing_profiler_gives_unknown(monkeypatch: pytest.MonkeyPatch) -> None
     assert "not found" in result.reason
 
 
-def _fake_ncu(folder: Path, body: str) -> Path:
+def _fake_ncu(folder: Path, body: str, report_module: str = "") -> Path:
     """An executable standing in for ncu, beside a fake ``extras/python/ncu_report.py``."""
     (folder / "extras" / "python").mkdir(parents=True)
-    (folder / "extras" / "python" / "ncu_report.py").write_text("")
+    (folder / "extras" / "python" / "ncu_report.py").write_text(report_module)
     ncu = folder / "ncu"
     ncu.write_text(f"#!/bin/sh\n{body}\n")
     ncu.chmod(ncu.stat().st_mode | stat.S_IXUSR)
@@ -152,8 +152,8 @@ def test_report_is_read_through_the_report_interface(
         tmp_path,
         'echo "$@" > "$(dirname "$0")/args"\n'
         'while [ "$1" != "--export" ]; do shift; done; printf report > "$2"',
+        _FAKE_REPORT_MODULE,
     )
-    (tmp_path / "extras" / "python" / "ncu_report.py").write_text(_FAKE_REPORT_MODULE)
     monkeypatch.setenv("PTXGYM_NCU", str(ncu))
     result = profile_candidate(H100, "/nonexistent.so", WORKLOAD, 1, device=0)
     assert result.ok, result.reason
@@ -188,8 +188,8 @@ def test_a_report_the_profiled_program_writes_itself_is_never_read(
         "printf report > profile.ncu-rep\n"
         'while [ "$1" != "--export" ]; do shift; done\n'
         'case "$2" in "$PWD"/*) printf report > "$2";; esac',
+        _FAKE_REPORT_MODULE,
     )
-    (tmp_path / "extras" / "python" / "ncu_report.py").write_text(_FAKE_REPORT_MODULE)
     monkeypatch.setenv("PTXGYM_NCU", str(ncu))
     result = profile_candidate(H100, "/nonexistent.so", WORKLOAD, 1, device=0)
     assert not result.ok and "the profiled run failed" in result.reason
