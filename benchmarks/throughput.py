@@ -30,7 +30,7 @@ from ptxgym.env import PTXKernelEnv
 from ptxgym.gpu_evaluator import LocalGPUEvaluator
 from ptxgym.judge import JudgeSettings
 from ptxgym.tasks import get_task
-from ptxgym.timing import TRIALS
+from ptxgym.timing import TIMING_PHASES, TRIALS
 
 STAGES = (
     "compile",
@@ -76,10 +76,13 @@ def trajectory(
     return records
 
 
-# Where each tool run's call went after the word (ptxgym.single_call.call_seconds).
+# Where each tool run's seconds went (ptxgym.single_call.call_seconds), and the timing's
+# (ptxgym.timing.TimingResult.phase_seconds).
 TOOL_CALL_STAGES = tuple(
-    f"{tool}_{part}" for tool in ("memcheck", "profile") for part in ("context", "gpu_wait", "gpu")
-)
+    f"{tool}_{part}"
+    for tool in ("memcheck", "profile")
+    for part in ("driver", "context", "ready", "gpu_wait", "load", "inputs", "call", "gpu")
+) + tuple(f"timing_{phase}" for phase in TIMING_PHASES)
 
 
 def p50_latency(records: list[dict[str, Any]]) -> dict[str, Any]:
@@ -214,8 +217,8 @@ def report(results: dict[str, Any]) -> None:
     calls = ", ".join(f"{stage} {cached['p50_stage_s'][stage]:.2f}" for stage in TOOL_CALL_STAGES)
     print(
         f"\nStep latency with a cached build (same source, every stage on): p50 "
-        f"{cached['p50_step_s']:.2f} s; p50 per stage: {stages}; the tool runs' calls after "
-        f"the word: {calls}"
+        f"{cached['p50_step_s']:.2f} s; p50 per stage: {stages}; the tool runs' parts and the "
+        f"timing's: {calls}"
     )
     reuse = results["reuse"]
     gain = reuse["reuse"]["per_hour"] / reuse["rebuild"]["per_hour"]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import os
 import shutil
 import subprocess
@@ -50,3 +52,15 @@ def physical_device(device: int) -> str:
     if not visible:
         return str(device)
     return visible.split(",")[device].strip()
+
+
+def initialize_driver() -> None:
+    """Load and initialise the CUDA driver (``cuInit``) without making a context.
+
+    A tool's injection library (Nsight Compute, compute-sanitizer) loads here, which takes
+    longer than the context itself; none of it runs on the GPU, so it need not wait for, or
+    hold, the GPU lock (``ptxgym.gpu_lock``): only the context that follows does. A failure is
+    left for the context's creation to report, in CUDA's own words.
+    """
+    with contextlib.suppress(OSError):  # no driver here: the context's creation says so
+        ctypes.CDLL("libcuda.so.1").cuInit(0)

@@ -38,7 +38,14 @@ from ptxgym.sanitizer import DEFAULT_TIMEOUT_S as DEFAULT_SANITIZER_TIMEOUT_S
 from ptxgym.sanitizer import SanitizerReport
 from ptxgym.single_call import CallJob
 from ptxgym.tasks import Task, WorkloadSpec
-from ptxgym.timing import TIMED_CALLS, TRIALS, WARMUP_CALLS, Timer, WorkloadTiming
+from ptxgym.timing import (
+    TIMED_CALLS,
+    TIMING_PHASES,
+    TRIALS,
+    WARMUP_CALLS,
+    Timer,
+    WorkloadTiming,
+)
 from ptxgym.tool_runs import PendingRun, ToolKind, ToolRuns
 from ptxgym.worker import make_inputs, resolve_callable, worker_main
 
@@ -605,6 +612,9 @@ class Judge:
                         stages["timing"] = (
                             time.perf_counter() - run_started - stages.get("correctness", 0.0)
                         )
+                    for phase, seconds in _phase_seconds(header.get("phase_seconds")).items():
+                        key = f"timing_{phase}"
+                        stages[key] = stages.get(key, 0.0) + seconds
                     channel.send(worker.conn, {"kind": "continue"})
                     continue
                 if kind == "check":
@@ -746,6 +756,18 @@ def _output_bytes(task: Task, workload: WorkloadSpec) -> int:
             for spec in task.definition.outputs.values()
         ]
     )
+
+
+def _phase_seconds(value: object) -> dict[str, float]:
+    """The timing's parts as the worker reported them (``TimingResult.phase_seconds``), for the
+    stage breakdown; anything else it sent there is ignored (nothing is judged on it)."""
+    if not isinstance(value, dict):
+        return {}
+    return {
+        phase: float(value[phase])
+        for phase in TIMING_PHASES
+        if isinstance(value.get(phase), int | float)
+    }
 
 
 def _with_memory_errors(verdict: Verdict, reports: tuple[SanitizerReport, ...]) -> Verdict:

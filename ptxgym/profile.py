@@ -31,7 +31,7 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -57,6 +57,8 @@ FACT_METRICS = {
     "grid_size": "launch__grid_size",
     "block_size": "launch__block_size",
 }
+# What the judge collects: both opcode metrics and the facts.
+PROFILE_METRICS = (THREAD_METRIC, WARP_METRIC, *FACT_METRICS.values())
 DEFAULT_TIMEOUT_S = 120.0
 EXIT_NOT_WANTED = 4  # the reader was not told to read before the judge went away
 _TAIL_CHARS = 1500
@@ -141,7 +143,9 @@ class PendingProfile:
     its report reader: ``finish`` hands it one call's job and reads the report; ``cancel``
     drops it."""
 
-    def __init__(self, *, device: int) -> None:
+    def __init__(self, *, device: int, metrics: Sequence[str] = PROFILE_METRICS) -> None:
+        """Start the run on ``device``, collecting ``metrics`` (other sets than the judge's
+        are for measuring what each costs: benchmarks/profile_cost.py)."""
         self.failure: str | None = None
         self.call: PendingCall | None = None
         ncu = find_ncu()
@@ -165,7 +169,7 @@ class PendingProfile:
                 "--target-processes",
                 "all",
                 "--metrics",
-                ",".join([THREAD_METRIC, WARP_METRIC, *FACT_METRICS.values()]),
+                ",".join(metrics),
                 "--export",
                 str(self.report),
                 "--force-overwrite",

@@ -23,13 +23,14 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ptxgym.gpu_lock import holding, lock_path
-from ptxgym.gpus import physical_device
+from ptxgym.gpus import initialize_driver, physical_device
 from ptxgym.isolation import limit_resources, python_environment, restrict_writes, seal
 from ptxgym.processes import POLL_S, ProcessGroup, wait_for_word
 from ptxgym.tasks import Task
@@ -38,7 +39,7 @@ EXIT_ENTRY_FAILED = 3  # the entry point returned a CUDA error
 EXIT_NOT_WANTED = 4  # told to stop, or the judge went away, before the call
 # The line on which the program says where its seconds went (``call_seconds``).
 SECONDS_MARK = "ptxgym-single-call-seconds "
-_SECONDS_KEYS = ("context", "gpu_wait", "gpu")
+_SECONDS_KEYS = ("driver", "context", "ready", "gpu_wait", "load", "inputs", "call", "gpu")
 
 
 @dataclass(frozen=True)
@@ -141,21 +142,24 @@ def run_job(spec_path: str) -> int:
     from ptxgym.worker import Entry, allocate_outputs, make_inputs
 
     gpu_lock = Path(spec["gpu_lock"])
-    # The start-up (Python, torch, the CUDA context under the tool) happens ahead of need, so
-    # that after the word only the call is left. The context is made sharing the GPU (never
-    # during a timing). Nothing else touches the GPU before the word: inputs made ahead, by
+    # The start-up (Python, torch, the driver with the tool's injection, the CUDA context under
+    # the tool) happens ahead of need, so that after the word only the call is left. The
+    # context is made sharing the GPU (never during a timing); the driver is loaded before,
+    # outside the lock. Nothing else touches the GPU before the word: inputs made ahead, by
     # every waiting run, held the GPU long enough to keep timings waiting (docs/benchmarks.md,
     # fourth session), and no candidate code is loaded before it.
-    started = time.perf_counter()
-    with holding(gpu_lock, exclusive=False):
+    seconds: dict[str, float] = {}
+    with _stage(seconds, "driver"):
+        initialize_driver()
+    with _stage(seconds, "context"), holding(gpu_lock, exclusive=False):
         torch.zeros(1, device="cuda")
-    context = time.perf_counter() - started
     # The tools talk to this process over sockets, so those stay; the rest of the filter holds.
     seal(network=True)
     # Writes only in this call's folder from here on (the tool's own processes write the report).
     restrict_writes(Path.cwd())
-    if not wait_for_word(Path(spec["go"]), int(spec["judge_pid"]), stop=Path(spec["stop"])):
-        return EXIT_NOT_WANTED
+    with _stage(seconds, "ready"):  # about 0 when the word came before the start-up was done
+        if not wait_for_word(Path(spec["go"]), int(spec["judge_pid"]), stop=Path(spec["stop"])):
+            return EXIT_NOT_WANTED
     job = json.loads(Path(spec["job"]).read_text())
     task = Task.model_validate(job["task"])
     workload = job["workload"]
@@ -167,34 +171,47 @@ def run_job(spec_path: str) -> int:
     with holding(gpu_lock) as waited:
         # Said before any of the candidate's code is loaded, so the candidate cannot say it.
         Path(spec["taken"]).touch()
-        entry = Entry(job["library"], task)
-        inputs = make_inputs(task, workload, int(job["seed"]), False)
-        outputs = allocate_outputs(task, axes)
-        stream = torch.cuda.Stream()
-        torch.cuda.synchronize()
-        torch.cuda.profiler.start()
-        with torch.cuda.stream(stream):
-            code = entry(inputs, outputs, axes, stream.cuda_stream)
-        torch.cuda.synchronize()
-        torch.cuda.profiler.stop()
-    held = time.perf_counter() - started - waited
+        with _stage(seconds, "load"):
+            entry = Entry(job["library"], task)
+        with _stage(seconds, "inputs"):
+            inputs = make_inputs(task, workload, int(job["seed"]), False)
+            outputs = allocate_outputs(task, axes)
+            stream = torch.cuda.Stream()
+            torch.cuda.synchronize()
+        with _stage(seconds, "call"):
+            torch.cuda.profiler.start()
+            with torch.cuda.stream(stream):
+                code = entry(inputs, outputs, axes, stream.cuda_stream)
+            torch.cuda.synchronize()
+            torch.cuda.profiler.stop()
+    seconds["gpu_wait"] = waited
+    seconds["gpu"] = time.perf_counter() - started - waited
     # Last, after anything the candidate printed: the judge reads the last such line.
-    seconds = {"context": context, "gpu_wait": waited, "gpu": held}
     print(SECONDS_MARK + json.dumps(seconds), flush=True)
     return 0 if code == 0 else EXIT_ENTRY_FAILED
 
 
+@contextmanager
+def _stage(seconds: dict[str, float], name: str) -> Iterator[None]:
+    started = time.perf_counter()
+    yield
+    seconds[name] = time.perf_counter() - started
+
+
 def call_seconds(output: str) -> dict[str, float]:
-    """Where a run's seconds went, from the last line it printed for the judge: ``context``
-    (making the CUDA context under the tool, sharing the GPU, before the word), and after the
-    word ``gpu_wait`` (waiting to have the GPU alone) and ``gpu`` (holding it: loading the
-    candidate, its inputs, the call under the tool). Empty when there is no such line (the run
-    failed before its end). For the stage breakdown only: nothing is judged on it."""
+    """Where a run's seconds went, from the last line it printed for the judge. Before the
+    word: ``driver`` (loading the driver and the tool's injection, outside the GPU lock),
+    ``context`` (making the CUDA context under the tool, sharing the GPU, waiting included) and
+    ``ready`` (waiting for the word; about 0 when the start-up itself kept the judge waiting).
+    After it: ``gpu_wait`` (waiting to have the GPU alone) and ``gpu`` (holding it), made of
+    ``load`` (the candidate's library), ``inputs`` (its inputs and outputs) and ``call`` (the
+    call under the tool: for the profile, its replays). Empty when there is no such line (the
+    run failed before its end). For the stage breakdown only: nothing is judged on it."""
     for line in reversed(output.splitlines()):
         if line.startswith(SECONDS_MARK):
             try:
                 values = json.loads(line.removeprefix(SECONDS_MARK))
-                return {key: float(values[key]) for key in _SECONDS_KEYS}
+                return {key: float(values[key]) for key in _SECONDS_KEYS if key in values}
             except (ValueError, KeyError, TypeError):
                 return {}
     return {}

@@ -14,13 +14,16 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from typing import Any
 
 WARMUP_CALLS = 10
 TIMED_CALLS = 50
 TRIALS = 3
+# The parts of a measurement's host time (``TimingResult.phase_seconds``).
+TIMING_PHASES = ("prepare", "flush", "calls", "cupti")
 
 
 @dataclass(frozen=True)
@@ -32,6 +35,10 @@ class TimingResult:
     latency_ms: float
     calls: int
     persisting_l2_reset: bool
+    # Host seconds of the whole measurement by part, for the stage breakdown (nothing is judged
+    # on them): ``prepare`` (the caller's), ``flush`` (L2), ``calls`` (the call and the
+    # synchronisation after it), ``cupti`` (starting, flushing and reading the activity).
+    phase_seconds: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -138,6 +145,7 @@ class Timer:
             max(2 * l2_bytes, 256 << 20), dtype=torch.uint8, device="cuda"
         )
         self.cupti = _cupti_or_none() if use_cupti else None
+        self._phases: dict[str, float] = {}
         self.runtime = _cuda_runtime()
 
     def _reset_l2(self) -> bool:
@@ -160,14 +168,16 @@ class Timer:
     ) -> TimingResult:
         """Time ``call(i)`` ``iters`` times per trial after ``warmup`` untimed calls."""
         torch = self.torch
+        self._phases = dict.fromkeys(TIMING_PHASES, 0.0)
         index = 0
-        for _ in range(warmup):
-            prepare(index)
-            # The call may run on a stream of its own: order it after the preparation.
+        with self._phase("prepare"):
+            for _ in range(warmup):
+                prepare(index)
+                # The call may run on a stream of its own: order it after the preparation.
+                torch.cuda.synchronize()
+                call(index)
+                index += 1
             torch.cuda.synchronize()
-            call(index)
-            index += 1
-        torch.cuda.synchronize()
         medians = []
         reset_ok = True
         for _ in range(trials):
@@ -181,7 +191,14 @@ class Timer:
             latency_ms=statistics.fmean(medians),
             calls=trials * iters,
             persisting_l2_reset=reset_ok,
+            phase_seconds=dict(self._phases),
         )
+
+    @contextmanager
+    def _phase(self, name: str) -> Iterator[None]:
+        started = time.perf_counter()
+        yield
+        self._phases[name] += time.perf_counter() - started
 
     def _trial(
         self, call: Callable[[int], None], prepare: Callable[[int], None], first: int, iters: int
@@ -191,29 +208,39 @@ class Timer:
         if self.cupti is None:
             times = []
             for i in range(first, first + iters):
-                prepare(i)
-                reset_ok = self._reset_l2() and reset_ok
-                torch.cuda.synchronize()
-                started = time.perf_counter()
-                call(i)
-                torch.cuda.synchronize()
-                times.append((time.perf_counter() - started) * 1e3)
+                reset_ok = self._prepare(prepare, i) and reset_ok
+                with self._phase("calls"):
+                    started = time.perf_counter()
+                    call(i)
+                    torch.cuda.synchronize()
+                    times.append((time.perf_counter() - started) * 1e3)
             return times, reset_ok
         brackets = []
-        self.cupti.start()
+        with self._phase("cupti"):
+            self.cupti.start()
         try:
             for i in range(first, first + iters):
-                prepare(i)
-                reset_ok = self._reset_l2() and reset_ok
-                torch.cuda.synchronize()
-                begin = self.cupti.timestamp()
-                call(i)
-                end = self.cupti.timestamp()
-                torch.cuda.synchronize()
+                reset_ok = self._prepare(prepare, i) and reset_ok
+                with self._phase("calls"):
+                    begin = self.cupti.timestamp()
+                    call(i)
+                    end = self.cupti.timestamp()
+                    torch.cuda.synchronize()
                 brackets.append((begin, end))
         finally:
-            self.cupti.stop()
-        return self.cupti.spans_ms(brackets), reset_ok
+            with self._phase("cupti"):
+                self.cupti.stop()
+        with self._phase("cupti"):
+            return self.cupti.spans_ms(brackets), reset_ok
+
+    def _prepare(self, prepare: Callable[[int], None], index: int) -> bool:
+        """The caller's preparation, then the L2 flush, both finished before the call."""
+        with self._phase("prepare"):
+            prepare(index)
+        with self._phase("flush"):
+            reset_ok = self._reset_l2()
+            self.torch.cuda.synchronize()
+        return reset_ok
 
 
 def _cuda_runtime() -> Any:

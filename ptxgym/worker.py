@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from ptxgym import channel
 from ptxgym.gpu_lock import holding
+from ptxgym.gpus import initialize_driver
 from ptxgym.isolation import confine, seal
 from ptxgym.tasks import Task
 from ptxgym.timing import Timer
@@ -127,7 +128,9 @@ def worker_main(conn: Connection, device: int, log_path: str, home: str, gpu_loc
     faulthandler.enable()
     import torch
 
-    # Making a CUDA context and starting CUPTI touch the GPU: never during a timing.
+    # Making a CUDA context and starting CUPTI touch the GPU: never during a timing. Loading
+    # the driver does not, and is done first, outside the lock.
+    initialize_driver()
     with holding(Path(gpu_lock), exclusive=False):
         torch.cuda.set_device(device)
         torch.zeros(1, device="cuda")
@@ -275,5 +278,6 @@ def _time_workload(
             "trial_medians_ms": list(result.trial_medians_ms),
             "latency_ms": result.latency_ms,
             "persisting_l2_reset": result.persisting_l2_reset,
+            "phase_seconds": result.phase_seconds,
         },
     )

@@ -18,6 +18,7 @@ from ptxgym.gpu_evaluator import LocalGPUEvaluator, incompatibility
 from ptxgym.judge import JudgeSettings
 from ptxgym.outcome import Status
 from ptxgym.tasks import get_task
+from ptxgym.timing import TIMING_PHASES
 
 pytestmark = pytest.mark.gpu
 
@@ -85,6 +86,11 @@ def test_naive_gemm_passes_with_latency_baseline_and_speedup(env: PTXKernelEnv) 
     assert sum(check["stage"].startswith("timed call ") for check in outcome["checks"]) == 3
     assert info["reward_components"]["correct"] > 0
     assert "Speedup:" in info["feedback"]
+    # The timing's host seconds by part, all within the timing stage.
+    stages = outcome["stage_seconds"]
+    parts = [stages[f"timing_{phase}"] for phase in TIMING_PHASES]
+    assert min(parts) >= 0 and stages["timing_calls"] > 0
+    assert sum(parts) <= stages["timing"]
     # The worker ran the candidate under the seccomp filter and with its writes confined
     # (Landlock, applied before CUDA started), CUDA and CUPTI timing included.
     assert outcome["isolation"]["system_calls_filtered"] is True

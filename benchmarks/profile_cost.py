@@ -1,0 +1,135 @@
+"""What the instruction profile costs, by metric set: where its seconds go after the word.
+
+Run on a GPU host: ``python benchmarks/profile_cost.py --out DIR``. The example kernel is
+compiled once; ``--repeats`` profile runs per metric set are all started together and given
+time to make their CUDA contexts under Nsight Compute (as the judge's runs started ahead have),
+then each is handed the job in turn, alone on the GPU. Reported per set, as medians: the call
+under the tool (its replays), the GPU part around it (the candidate's library and inputs), the
+tail (the program's exit and the report's writing), the report's reading, and the whole from
+the word to the counts; and whether the set's counts qualify the kernel. The judge's set is the
+first; the others show which of its metrics cost the replays.
+
+Prints markdown for docs/benchmarks.md and writes OUT/profile_cost.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+from ptxgym.compiler import compile_source
+from ptxgym.gpu_evaluator import incompatibility
+from ptxgym.gpus import visible_gpus
+from ptxgym.profile import (
+    FACT_METRICS,
+    PROFILE_METRICS,
+    THREAD_METRIC,
+    WARP_METRIC,
+    InstructionProfile,
+    PendingProfile,
+)
+from ptxgym.single_call import CallJob
+from ptxgym.tasks import get_task
+
+METRIC_SETS: dict[str, tuple[str, ...]] = {
+    "judge's (both opcode metrics and facts)": PROFILE_METRICS,
+    "thread opcode metric only": (THREAD_METRIC,),
+    "both opcode metrics": (THREAD_METRIC, WARP_METRIC),
+    "facts only": tuple(FACT_METRICS.values()),
+    # Warp-level counts by opcode class from hardware counters, without binary instrumentation
+    # (they cannot tell a predicated-off instruction from one that ran).
+    "hardware opcode-class counters": (
+        "sm__sass_inst_executed_op_shared_gmma.sum",
+        "sm__sass_inst_executed_op_tma_ld.sum",
+    ),
+}
+CONTEXT_WAIT_S = 30.0  # for every waiting run to have made its context under the tool
+
+
+def record(result: InstructionProfile) -> dict[str, Any]:
+    """Where one run's seconds went after the word."""
+    call = result.call_seconds
+    gpu = call.get("gpu", 0.0) + call.get("gpu_wait", 0.0)
+    return {
+        "ok": result.ok,
+        "reason": result.reason[-300:],
+        "qualified": result.qualified,
+        "seconds": result.seconds,
+        "call": call.get("call"),
+        "load_and_inputs": call.get("load", 0.0) + call.get("inputs", 0.0),
+        "tail": result.seconds - gpu - result.read_seconds,
+        "read": result.read_seconds,
+        "context_before_word": call.get("context"),
+        "driver_before_word": call.get("driver"),
+        "ready_before_word": call.get("ready"),
+    }
+
+
+def median(records: list[dict[str, Any]], key: str) -> float | None:
+    values = [r[key] for r in records if r["ok"] and isinstance(r[key], int | float)]
+    return statistics.median(values) if values else None
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/out"))
+    parser.add_argument("--task", default="PTX-H100-GEMM")
+    parser.add_argument("--example", type=Path, default=Path("examples/expert/gemm.cu"))
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    task = get_task(args.task)
+    if reason := incompatibility(task):
+        raise SystemExit(f"cannot run here: {reason}")
+    build = compile_source(args.example.read_text(), task)
+    if not build.ok or build.library is None:
+        raise SystemExit(f"the example did not compile:\n{build.log}")
+    workload = task.workloads[0]
+    payload = {"axes": workload.axes, "sequences": workload.sequences}
+    job = CallJob(task, build.library, payload, seed=1)
+    gpus = visible_gpus()
+    results: dict[str, Any] = {
+        "date": datetime.date.today().isoformat(),
+        "gpu": gpus[0].name if gpus else "unknown",
+        "task": args.task,
+        "example": str(args.example),
+        "sets": {},
+    }
+    args.out.mkdir(parents=True, exist_ok=True)
+    waiting = {
+        name: [PendingProfile(device=0, metrics=metrics) for _ in range(args.repeats)]
+        for name, metrics in METRIC_SETS.items()
+    }
+    time.sleep(CONTEXT_WAIT_S)
+    for name in waiting:
+        results["sets"][name] = {"metrics": METRIC_SETS[name], "runs": []}
+    for turn in range(args.repeats):  # the sets take turns, so that none waits longer
+        for name, runs in waiting.items():
+            results["sets"][name]["runs"].append(record(runs[turn].finish(job)))
+        (args.out / "profile_cost.json").write_text(json.dumps(results, indent=1))
+    print(f"# Profile cost by metric set, {results['date']}, {results['gpu']}, {args.task}")
+    print(f"example {args.example}, workload {workload.name}, median of {args.repeats} runs\n")
+    columns = ("call", "load_and_inputs", "tail", "read", "seconds")
+    print("| metric set | ok | qualified | " + " | ".join(columns) + " |")
+    print("|---" * (len(columns) + 3) + "|")
+    for name, entry in results["sets"].items():
+        runs = entry["runs"]
+        cells = []
+        for column in columns:
+            value = median(runs, column)
+            cells.append("-" if value is None else f"{value:.2f}")
+        qualified = sorted({str(r["qualified"]) for r in runs})
+        ok = sum(r["ok"] for r in runs)
+        print(f"| {name} | {ok}/{len(runs)} | {', '.join(qualified)} | " + " | ".join(cells) + " |")
+    for entry in results["sets"].values():
+        for run in entry["runs"]:
+            if not run["ok"]:
+                print(f"\nfailed run: {run['reason']}")
+
+
+if __name__ == "__main__":
+    main()
