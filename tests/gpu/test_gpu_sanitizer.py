@@ -21,19 +21,26 @@ WORKLOAD = {"axes": GEMM.workloads[0].axes, "sequences": {}}
 NAIVE_GEMM = (paths.examples_dir() / "naive" / "gemm.cu").read_text()
 LAUNCH_END = "  return static_cast<int>(cudaGetLastError());\n}"
 
-# The naive GEMM plus one write of one element past the end of C: the outputs stay right (the
-# write lands in the worker's allocator pool), so only memcheck can tell.
+# The naive GEMM plus one write of one float past the end of a 100-float scratch buffer of its
+# own. The write stays inside the allocation's 512-byte granule, so it harms nothing and the
+# outputs stay right: only memcheck, which knows each allocation's size, can tell. (A write
+# past the end of C proved no test: where it lands depends on how the driver lays out the
+# allocations, and on the H200 it once landed in the input B, in the worker and under memcheck.)
 OUT_OF_BOUNDS = NAIVE_GEMM.replace(
     'extern "C" int gemm(',
     (
-        "__global__ void write_past_end(__nv_bfloat16* C, size_t n) {\n"
-        "  C[n] = C[0];  // one element past the end\n"
+        "__global__ void write_past_end(float* scratch, int n) {\n"
+        "  scratch[n] = 1.0f;  // one element past the end\n"
         "}\n\n"
+        "static float* scratch = nullptr;\n\n"
         'extern "C" int gemm('
     ),
 ).replace(
     LAUNCH_END,
-    "  write_past_end<<<1, 1, 0, stream>>>(C, static_cast<size_t>(M) * N);\n" + LAUNCH_END,
+    "  if (scratch == nullptr && cudaMalloc(&scratch, 100 * sizeof(float)) != cudaSuccess) {\n"
+    "    return static_cast<int>(cudaGetLastError());\n"
+    "  }\n"
+    "  write_past_end<<<1, 1, 0, stream>>>(scratch, 100);\n" + LAUNCH_END,
 )
 
 RACY = """\
