@@ -12,9 +12,10 @@ launch overhead; the record says which method measured it.
 
 from __future__ import annotations
 
+import bisect
 import statistics
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -100,23 +101,36 @@ class _Cupti:
 
     def spans_ms(self, brackets: list[tuple[int, int]]) -> list[float]:
         """Device span of the work launched inside each (start, end) bracket, in ms."""
-        api = sorted(self.api)
-        spans = []
-        for begin, end in brackets:
-            records = [
-                window
-                for start, correlation in api
-                if begin <= start <= end
-                for window in self.device.get(correlation, ())
-            ]
-            if records:
-                first = min(start for start, _ in records)
-                last = max(stop for _, stop in records)
-                spans.append((last - first) / 1e6)
-            else:
-                # The call launched no device work: only its host time can be charged.
-                spans.append((end - begin) / 1e6)
-        return spans
+        return device_spans_ms(self.api, self.device, brackets)
+
+
+def device_spans_ms(
+    api: list[tuple[int, int]],
+    device: Mapping[int, list[tuple[int, int]]],
+    brackets: list[tuple[int, int]],
+) -> list[float]:
+    """For each (begin, end) bracket of host timestamps: the span from the first start to the
+    last end of the device work (``device``: correlation id -> [(start, end)]) whose launching
+    API call (``api``: [(start, correlation id)]) started inside the bracket, in ms. A bracket
+    that launched no device work is charged its host time.
+
+    The API records are sorted once and each bracket's are found by bisection: a measurement has
+    thousands of them (every runtime and driver call of the preparation between the calls), so a
+    scan per bracket cost a large part of a step's timing stage."""
+    ordered = sorted(api)
+    starts = [start for start, _ in ordered]
+    spans = []
+    for begin, end in brackets:
+        inside = ordered[bisect.bisect_left(starts, begin) : bisect.bisect_right(starts, end)]
+        windows = [window for _, correlation in inside for window in device.get(correlation, ())]
+        if windows:
+            first = min(start for start, _ in windows)
+            last = max(stop for _, stop in windows)
+            spans.append((last - first) / 1e6)
+        else:
+            # The call launched no device work: only its host time can be charged.
+            spans.append((end - begin) / 1e6)
+    return spans
 
 
 _cupti: _Cupti | None = None
@@ -178,13 +192,11 @@ class Timer:
                 call(index)
                 index += 1
             torch.cuda.synchronize()
-        medians = []
-        reset_ok = True
-        for _ in range(trials):
-            times, reset = self._trial(call, prepare, index, iters)
-            index += iters
-            reset_ok = reset_ok and reset
-            medians.append(statistics.median(times))
+        if self.cupti is None:
+            times, reset_ok = self._timed_by_host(call, prepare, index, trials * iters)
+        else:
+            times, reset_ok = self._timed_by_cupti(call, prepare, index, trials * iters)
+        medians = [statistics.median(times[t * iters : (t + 1) * iters]) for t in range(trials)]
         return TimingResult(
             method="cupti" if self.cupti is not None else "host-sync",
             trial_medians_ms=tuple(medians),
@@ -200,32 +212,41 @@ class Timer:
         yield
         self._phases[name] += time.perf_counter() - started
 
-    def _trial(
-        self, call: Callable[[int], None], prepare: Callable[[int], None], first: int, iters: int
+    def _timed_by_host(
+        self, call: Callable[[int], None], prepare: Callable[[int], None], first: int, count: int
     ) -> tuple[list[float], bool]:
-        torch = self.torch
+        """``count`` calls from index ``first``, each timed on the host up to a device-wide
+        synchronisation (the fallback without CUPTI)."""
         reset_ok = True
-        if self.cupti is None:
-            times = []
-            for i in range(first, first + iters):
-                reset_ok = self._prepare(prepare, i) and reset_ok
-                with self._phase("calls"):
-                    started = time.perf_counter()
-                    call(i)
-                    torch.cuda.synchronize()
-                    times.append((time.perf_counter() - started) * 1e3)
-            return times, reset_ok
+        times = []
+        for i in range(first, first + count):
+            reset_ok = self._prepare(prepare, i) and reset_ok
+            with self._phase("calls"):
+                started = time.perf_counter()
+                call(i)
+                self.torch.cuda.synchronize()
+                times.append((time.perf_counter() - started) * 1e3)
+        return times, reset_ok
+
+    def _timed_by_cupti(
+        self, call: Callable[[int], None], prepare: Callable[[int], None], first: int, count: int
+    ) -> tuple[list[float], bool]:
+        """``count`` calls from index ``first``, each bracketed by CUPTI timestamps, with the
+        activity recorded once over all of them: one flush and one pass over the records, where a
+        session per trial made three."""
+        assert self.cupti is not None
+        reset_ok = True
         brackets = []
         with self._phase("cupti"):
             self.cupti.start()
         try:
-            for i in range(first, first + iters):
+            for i in range(first, first + count):
                 reset_ok = self._prepare(prepare, i) and reset_ok
                 with self._phase("calls"):
                     begin = self.cupti.timestamp()
                     call(i)
                     end = self.cupti.timestamp()
-                    torch.cuda.synchronize()
+                    self.torch.cuda.synchronize()
                 brackets.append((begin, end))
         finally:
             with self._phase("cupti"):
