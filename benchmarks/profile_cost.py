@@ -36,11 +36,21 @@ from ptxgym.profile import (
 from ptxgym.single_call import CallJob
 from ptxgym.tasks import get_task
 
+# The launch's shape and registers: launch statistics, which need no replay pass.
+LAUNCH_FACTS = tuple(FACT_METRICS[f] for f in ("registers_per_thread", "grid_size", "block_size"))
+
 METRIC_SETS: dict[str, tuple[str, ...]] = {
     "judge's (both opcode metrics and facts)": PROFILE_METRICS,
     "thread opcode metric only": (THREAD_METRIC,),
     "both opcode metrics": (THREAD_METRIC, WARP_METRIC),
     "facts only": tuple(FACT_METRICS.values()),
+    # Cheaper facts: the launch's, then the duration too.
+    "thread opcode metric and the launch facts": (THREAD_METRIC, *LAUNCH_FACTS),
+    "thread opcode metric, launch facts and duration": (
+        THREAD_METRIC,
+        *LAUNCH_FACTS,
+        FACT_METRICS["duration_us"],
+    ),
     # Warp-level counts by opcode class from hardware counters, without binary instrumentation
     # (they cannot tell a predicated-off instruction from one that ran).
     "hardware opcode-class counters": (
@@ -48,7 +58,7 @@ METRIC_SETS: dict[str, tuple[str, ...]] = {
         "sm__sass_inst_executed_op_tma_ld.sum",
     ),
 }
-CONTEXT_WAIT_S = 30.0  # for every waiting run to have made its context under the tool
+CONTEXT_WAIT_S = 40.0  # for every waiting run to have made its context under the tool
 
 
 def record(result: InstructionProfile) -> dict[str, Any]:

@@ -40,6 +40,9 @@ MAX_CACHED_BUILDS = 4000
 _RECIPE_VERSION = "5"  # bump when the build recipe changes, to invalidate cached results
 _MEMORY_LIMIT_BYTES = 8 << 30  # per compiler process: stops template/constexpr bombs
 _FILE_SIZE_LIMIT_BYTES = 512 << 20
+# Builds fan out over every core, while a worker or a tool run may hold the GPU alone (a timing,
+# a profiled call) and needs the CPU to finish and let the next one have it: compilers yield.
+COMPILER_NICENESS = 10
 _MAX_LOG_CHARS = 6000
 _MAX_DIAGNOSTICS = 12
 
@@ -384,17 +387,14 @@ def _forbidden_host_calls(obj: Path) -> list[str]:
 
 
 def _run(command: list[str], cwd: Path, timeout_s: float) -> tuple[int, str, bool]:
-    """Run a compiler process in its own session with resource limits; kill the group on timeout."""
-    limited = [
-        "prlimit",
-        f"--as={_MEMORY_LIMIT_BYTES}",
-        f"--fsize={_FILE_SIZE_LIMIT_BYTES}",
-        "--core=0",
-        "--",
-        *command,
-    ]
-    if not shutil.which("prlimit"):
-        limited = command
+    """Run a compiler process in its own session with resource limits and a lower CPU priority
+    (``COMPILER_NICENESS``, inherited by cicc, ptxas and gcc); kill the group on timeout."""
+    limited = command
+    if shutil.which("prlimit"):
+        limits = [f"--as={_MEMORY_LIMIT_BYTES}", f"--fsize={_FILE_SIZE_LIMIT_BYTES}", "--core=0"]
+        limited = ["prlimit", *limits, "--", *limited]
+    if shutil.which("nice"):
+        limited = ["nice", "-n", str(COMPILER_NICENESS), *limited]
     environment = {
         "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
         "HOME": str(cwd),

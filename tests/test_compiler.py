@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -10,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from ptxgym import paths
-from ptxgym.compiler import build_source, compile_source
+from ptxgym.compiler import COMPILER_NICENESS, build_source, compile_source
 from ptxgym.evaluator import CompileOnlyEvaluator
 from ptxgym.outcome import Status
 from ptxgym.processes import stat_fields
@@ -126,19 +128,40 @@ def test_undefined_runtime_symbol_fails_at_link_time() -> None:
     assert "undefined reference to 'cudaNotARuntimeFunction'" in outcome.compile.log
 
 
+# A template instantiated 2^24 times: the compiler runs until its deadline.
+COMPILE_BOMB = (
+    HEADER + "template <int N> __device__ __forceinline__ float f(float a) {\n"
+    "  return f<N - 1>(a * 1.0001f + __sinf(a)) + f<N - 1>(a + 1.f); }\n"
+    "template <> __device__ __forceinline__ float f<0>(float a) { return a; }\n"
+    "__global__ void k(float* x) { x[0] = f<24>(x[0]); }\n"
+    + SIGNATURE
+    + " { k<<<1, 1, 0, stream>>>((float*)C); return 0; }\n"
+)
+
+
 def test_compile_bomb_times_out_and_its_processes_are_killed() -> None:
-    source = HEADER + (
-        "template <int N> __device__ __forceinline__ float f(float a) {\n"
-        "  return f<N - 1>(a * 1.0001f + __sinf(a)) + f<N - 1>(a + 1.f); }\n"
-        "template <> __device__ __forceinline__ float f<0>(float a) { return a; }\n"
-        "__global__ void k(float* x) { x[0] = f<24>(x[0]); }\n"
-    )
-    source += SIGNATURE + " { k<<<1, 1, 0, stream>>>((float*)C); return 0; }\n"
     started = time.perf_counter()
-    result = compile_source(source, GEMM, timeout_s=3)
+    result = compile_source(COMPILE_BOMB, GEMM, timeout_s=3)
     assert result.timed_out and not result.ok
     assert time.perf_counter() - started < 15
     assert not _live_processes("cicc"), "the compiler's process group must be killed"
+
+
+def test_the_compiler_runs_at_a_lower_cpu_priority(tmp_path: Path) -> None:
+    """cicc, started by nvcc, has the niceness the build asked for: builds yield the CPU to the
+    processes that hold the GPU."""
+    own = os.nice(0)
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        build = pool.submit(compile_source, COMPILE_BOMB, GEMM, timeout_s=8, cache_root=tmp_path)
+        niceness: list[int] = []
+        deadline = time.monotonic() + 8
+        while not niceness and time.monotonic() < deadline:
+            for pid in _live_processes("cicc"):
+                with contextlib.suppress(OSError, IndexError):
+                    niceness.append(int(stat_fields(Path(f"/proc/{pid}/stat"))[16]))
+            time.sleep(0.05)
+        assert build.result().timed_out
+    assert niceness and set(niceness) == {min(own + COMPILER_NICENESS, 19)} and min(niceness) > own
 
 
 def _live_processes(name: str) -> list[str]:
