@@ -115,8 +115,8 @@ def device_spans_ms(
     that launched no device work is charged its host time.
 
     The API records are sorted once and each bracket's are found by bisection: a measurement has
-    thousands of them (every runtime and driver call of the preparation between the calls), so a
-    scan per bracket cost a large part of a step's timing stage."""
+    thousands of them (every runtime and driver call of the preparation between the calls), and
+    a scan of all of them per bracket grows with the product of the two counts."""
     ordered = sorted(api)
     starts = [start for start, _ in ordered]
     spans = []
