@@ -5,7 +5,8 @@ it). Every step submits a distinct source (the example kernel plus a comment nam
 trajectory and step), so every step really compiles, as in RL training. Measured:
 
 - evaluations per hour at each concurrency (trajectories stepping at once, one env each, all
-  sharing one GPU evaluator), with p50 step latency and the p50 of each stage;
+  sharing one GPU evaluator; ``--level-evaluations`` evaluations per level), with p50 step
+  latency and the p50 of each stage;
 - whether the measured speedups move with concurrency (they must not: timings take turns);
 - workload reuse: the same sequential steps with the judge rebuilding each workload's inputs,
   references and baseline for every request (``JudgeSettings(reuse_state=False)``);
@@ -20,6 +21,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import math
 import statistics
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -130,6 +132,13 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16, 48])
     parser.add_argument("--reuse-steps", type=int, default=3, help="steps per reuse setting")
     parser.add_argument("--judge-concurrency", type=int, default=8)
+    parser.add_argument(
+        "--level-evaluations",
+        type=int,
+        default=32,
+        help="evaluations per level of several trajectories (each steps this many over their "
+        "number, at least once), so that the level's rate is not only its start-up",
+    )
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     source = args.example.read_text()
@@ -156,17 +165,19 @@ def main() -> None:
     for label, reuse_state in (("reuse", True), ("rebuild", False)):
         plain = JudgeSettings(memcheck=False, profile=False, reuse_state=reuse_state)
         sequential = LocalGPUEvaluator(settings=plain)
-        steps = trajectory(
+        records = trajectory(
             sequential, args.task, source, label, args.reuse_steps + 1, distinct=False
         )[1:]
-        seconds = [r["step_s"] for r in steps]
+        seconds = [r["step_s"] for r in records]
         reuse[label] = {"per_hour": len(seconds) / sum(seconds) * 3600, "step_s": seconds}
     results["reuse"] = reuse
     out.write_text(json.dumps(results, indent=1))
 
     levels = []
     for trajectories in args.concurrency:
-        steps = 3 if trajectories == 1 else max(1, 8 // trajectories)
+        # One trajectory is steady from its first step; several all compile at once at first,
+        # with the GPU idle, so they step long enough for that to be a small part.
+        steps = 3 if trajectories == 1 else math.ceil(args.level_evaluations / trajectories)
         levels.append(run_level(evaluator, args.task, source, trajectories, steps))
         results["levels"] = levels
         out.write_text(json.dumps(results, indent=1))
