@@ -1,4 +1,5 @@
-"""Shared test setup: a private build cache, and GPU tests skipped where there is no GPU."""
+"""Shared test setup: a private build cache, GPU tests skipped where there is no GPU, and how the
+H100 pack's checks are built (by their CPU build test and their GPU run alike)."""
 
 from __future__ import annotations
 
@@ -30,3 +31,20 @@ def private_build_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pa
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("PTXGYM_CACHE", str(cache))
         yield cache
+
+
+@pytest.fixture(scope="session")
+def pack_h100_build() -> list[str]:
+    """nvcc's flags and source for tests/gpu/pack_h100_wrappers.cu (the caller adds nvcc, the
+    output and any flags of its own): the CPU test that it builds without warnings and the GPU
+    test that runs it must build the same thing."""
+    repo = Path(__file__).resolve().parent.parent
+    return [
+        "-std=c++17",
+        "-O2",
+        "-gencode",
+        "arch=compute_90a,code=sm_90a",
+        "-I",
+        str(repo / "packs" / "h100"),
+        str(repo / "tests" / "gpu" / "pack_h100_wrappers.cu"),
+    ]

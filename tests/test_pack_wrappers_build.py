@@ -15,32 +15,22 @@ import pytest
 
 pytestmark = pytest.mark.nvcc
 
-REPO = Path(__file__).resolve().parent.parent
-SOURCE = REPO / "tests" / "gpu" / "pack_h100_wrappers.cu"
-NVCC_FLAGS = [
-    "-std=c++17",
-    "-O2",
-    "-gencode",
-    "arch=compute_90a,code=sm_90a",
-    "-I",
-    str(REPO / "packs" / "h100"),
-]
 
-
-def test_pack_h100_checks_compile_without_warnings(tmp_path: Path) -> None:
+def test_pack_h100_checks_compile_without_warnings(
+    tmp_path: Path, pack_h100_build: list[str]
+) -> None:
     nvcc = shutil.which("nvcc")
     if nvcc is None:
         pytest.skip("nvcc is not on PATH: cannot compile pack_h100_wrappers.cu")
     obj = tmp_path / "pack_h100_wrappers.o"
     cmd = [
         nvcc,
-        *NVCC_FLAGS,
+        *pack_h100_build,
         "-Xcompiler",
         "-Wall,-Wextra",
         "-c",
         "-o",
         str(obj),
-        str(SOURCE),
     ]
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=False)
     log = result.stdout + result.stderr

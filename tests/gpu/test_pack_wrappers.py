@@ -12,7 +12,6 @@ import re
 import shutil
 import subprocess
 from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 
@@ -20,16 +19,6 @@ from ptxgym.gpus import visible_gpus
 
 pytestmark = pytest.mark.gpu
 
-REPO = Path(__file__).resolve().parents[2]
-SOURCE = Path(__file__).resolve().parent / "pack_h100_wrappers.cu"
-NVCC_FLAGS = [
-    "-std=c++17",
-    "-O2",
-    "-gencode",
-    "arch=compute_90a,code=sm_90a",
-    "-I",
-    str(REPO / "packs" / "h100"),
-]
 BUILD_TIMEOUT_S = 300
 RUN_TIMEOUT_S = 120
 
@@ -97,7 +86,7 @@ def _environment() -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory: pytest.TempPathFactory) -> Run:
+def run(tmp_path_factory: pytest.TempPathFactory, pack_h100_build: list[str]) -> Run:
     if not any(gpu.capability == (9, 0) for gpu in visible_gpus()):
         have = ", ".join(
             f"{g.name} (sm_{g.capability[0]}{g.capability[1]})" for g in visible_gpus()
@@ -107,7 +96,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Run:
     if nvcc is None:
         pytest.skip("needs nvcc (the CUDA toolkit) to build pack_h100_wrappers.cu")
     binary = tmp_path_factory.mktemp("pack_h100_wrappers") / "pack_h100_wrappers"
-    cmd = [nvcc, *NVCC_FLAGS, "-o", str(binary), str(SOURCE)]
+    cmd = [nvcc, *pack_h100_build, "-o", str(binary)]
     build = subprocess.run(
         cmd, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S, check=False
     )
