@@ -6,10 +6,12 @@ trajectory and step), so every step really compiles, as in RL training. Measured
 
 - evaluations per hour at each concurrency (trajectories stepping at once, one env each, all
   sharing one GPU evaluator; ``--level-evaluations`` evaluations per level), with p50 step
-  latency and the p50 of each stage;
+  latency, the p50 of each stage, and the GPU held alone (per evaluation, and as a share of the
+  level's wall time: the bound concurrency cannot raise);
 - whether the measured speedups move with concurrency (they must not: timings take turns);
-- workload reuse: the same sequential steps with the judge rebuilding each workload's inputs,
-  references and baseline for every request (``JudgeSettings(reuse_state=False)``);
+- workload reuse, for each task of ``--reuse`` with a kernel that solves it: the same sequential
+  steps with the judge rebuilding each workload's inputs, references and baseline for every
+  request (``JudgeSettings(reuse_state=False)``);
 - GPU efficiency: the time the protocol's own kernel runs need (candidate latency × its calls)
   over the GPU wall time per evaluation at the highest concurrency.
 
@@ -87,6 +89,16 @@ TOOL_CALL_STAGES = tuple(
 ) + tuple(f"timing_{phase}" for phase in TIMING_PHASES)
 
 
+# The stages during which an evaluation holds the GPU alone (ptxgym.gpu_lock): one GPU can do
+# at most 3600 / (their sum) evaluations per hour, whatever the concurrency.
+EXCLUSIVE_STAGES = ("correctness", "timing", "memcheck_gpu", "racecheck_gpu", "profile_gpu")
+
+
+def exclusive_s(record: dict[str, Any]) -> float:
+    """Seconds one evaluation held the GPU alone."""
+    return sum(record["stages"].get(stage, 0.0) for stage in EXCLUSIVE_STAGES)
+
+
 def p50_latency(records: list[dict[str, Any]]) -> dict[str, Any]:
     """The median step and the median of each stage over ``records``."""
     return {
@@ -110,11 +122,16 @@ def run_level(
         records = [record for future in futures for record in future.result()]
     wall = time.perf_counter() - started
     speedups = [r["speedup"] for r in records if r["speedup"]]
+    exclusive = [exclusive_s(r) for r in records]
     return {
         "trajectories": trajectories,
         "evaluations": len(records),
         "wall_s": wall,
         "per_hour": len(records) / wall * 3600,
+        # The GPU held alone, per evaluation and as a share of the level's wall time: at 100 %
+        # the level is at the bound that concurrency cannot raise.
+        "p50_exclusive_s": statistics.median(exclusive),
+        "exclusive_share": sum(exclusive) / wall,
         "statuses": sorted({r["status"] for r in records}),
         **p50_latency(records),
         "median_speedup": statistics.median(speedups) if speedups else None,
@@ -129,8 +146,27 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("benchmarks/out"))
     parser.add_argument("--task", default="PTX-H100-GEMM")
     parser.add_argument("--example", type=Path, default=Path("examples/expert/gemm.cu"))
-    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16, 48])
+    parser.add_argument(
+        "--concurrency",
+        type=int,
+        nargs="*",
+        default=[1, 4, 16, 48],
+        help="trajectories at once, one level each; none: measure step latency and reuse only",
+    )
+    parser.add_argument(
+        "--cached-steps", type=int, default=3, help="steps of the same source (0: none)"
+    )
     parser.add_argument("--reuse-steps", type=int, default=3, help="steps per reuse setting")
+    parser.add_argument(
+        "--reuse",
+        nargs="*",
+        metavar="TASK=EXAMPLE",
+        default=[
+            "PTX-H100-GEMM=examples/expert/gemm.cu",
+            "PTX-H100-MHAFwd-d128=examples/expert/mha_fwd_d128.cu",
+        ],
+        help="the tasks whose workload reuse is measured, each with a kernel that solves it",
+    )
     parser.add_argument("--judge-concurrency", type=int, default=8)
     parser.add_argument(
         "--level-evaluations",
@@ -156,21 +192,36 @@ def main() -> None:
     # A first step starts the judge and builds the workload state (baseline included).
     results["first_step"] = trajectory(evaluator, args.task, source, "warm-up", 1)[0]
     # Step latency without compiling: the same source again (a cache hit), every stage on.
-    cached = trajectory(evaluator, args.task, source, "cached", 4, distinct=False)[1:]
-    results["cached"] = p50_latency(cached)
-    # Workload reuse: sequential steps of the correctness and timing stages alone (no sanitizer
-    # or profile, whose cost does not depend on the state), with and without reuse.
+    if args.cached_steps:
+        steps = args.cached_steps + 1  # the first of them builds (or finds) nothing new: dropped
+        cached = trajectory(evaluator, args.task, source, "cached", steps, distinct=False)[1:]
+        results["cached"] = p50_latency(cached)
+    # Workload reuse, per task: sequential steps of the correctness and timing stages alone (no
+    # sanitizer or profile, whose cost does not depend on the state), with and without reuse.
     # The same cached build in both, so that only the evaluation differs.
     reuse = {}
-    for label, reuse_state in (("reuse", True), ("rebuild", False)):
-        plain = JudgeSettings(memcheck=False, profile=False, reuse_state=reuse_state)
-        sequential = LocalGPUEvaluator(settings=plain)
-        records = trajectory(
-            sequential, args.task, source, label, args.reuse_steps + 1, distinct=False
-        )[1:]
-        seconds = [r["step_s"] for r in records]
-        reuse[label] = {"per_hour": len(seconds) / sum(seconds) * 3600, "step_s": seconds}
-    results["reuse"] = reuse
+    for pair in args.reuse:
+        task_id, example = pair.split("=", 1)
+        example_source = Path(example).read_text()
+        per_setting: dict[str, Any] = {"example": example}
+        for label, reuse_state in (("reuse", True), ("rebuild", False)):
+            plain = JudgeSettings(memcheck=False, profile=False, reuse_state=reuse_state)
+            sequential = LocalGPUEvaluator(settings=plain)
+            records = trajectory(
+                sequential, task_id, example_source, label, args.reuse_steps + 1, distinct=False
+            )[1:]
+            sequential.close()
+            seconds = [r["step_s"] for r in records]
+            per_setting[label] = {
+                "per_hour": len(seconds) / sum(seconds) * 3600,
+                "step_s": seconds,
+                "statuses": sorted({r["status"] for r in records}),
+                "state_s": [r["stages"].get("state", 0.0) for r in records],
+            }
+        per_setting["gain"] = per_setting["reuse"]["per_hour"] / per_setting["rebuild"]["per_hour"]
+        reuse[task_id] = per_setting
+        results["reuse"] = reuse
+        out.write_text(json.dumps(results, indent=1))
     out.write_text(json.dumps(results, indent=1))
 
     levels = []
@@ -183,61 +234,65 @@ def main() -> None:
         out.write_text(json.dumps(results, indent=1))
         print(json.dumps({k: v for k, v in levels[-1].items() if k != "speedups"}), flush=True)
 
+    if levels:
+        results["gpu_efficiency"] = gpu_efficiency(levels, settings, len(task.workloads))
+    out.write_text(json.dumps(results, indent=1))
+    report(results)
+
+
+def gpu_efficiency(
+    levels: list[dict[str, Any]], settings: JudgeSettings, workloads: int
+) -> dict[str, Any]:
+    """The protocol's own kernel time per evaluation over the GPU wall time per evaluation, at
+    the level with the highest throughput."""
     calls_per_evaluation = (
         (TRIALS + 1)  # the correctness checks
         + settings.warmup
         + settings.iters * settings.trials
         + int(settings.memcheck)
         + int(settings.profile)
-    ) * len(task.workloads)
+    ) * workloads
     busiest = max(levels, key=lambda level: level["per_hour"])
     needed_s = busiest["latency_ms"] / 1000 * calls_per_evaluation
     gpu_wall_s = busiest["wall_s"] / busiest["evaluations"]
-    results["gpu_efficiency"] = {
+    return {
         "needed_s": needed_s,
         "gpu_wall_s_per_evaluation": gpu_wall_s,
         "efficiency": needed_s / gpu_wall_s,
         "at_trajectories": busiest["trajectories"],
     }
-    out.write_text(json.dumps(results, indent=1))
-    report(results)
 
 
 def report(results: dict[str, Any]) -> None:
     print(f"\n# Throughput, {results['date']}, {results['device']['name']}, {results['task']}")
     print(f"example {results['example']}; first step {results['first_step']['step_s']:.1f} s\n")
-    print(
-        "| trajectories | evaluations | wall s | evaluations/hour | p50 step s | median speedup |"
-    )
-    print("|---|---|---|---|---|---|")
-    base = results["levels"][0]
-    for level in results["levels"]:
-        print(
-            f"| {level['trajectories']} | {level['evaluations']} | {level['wall_s']:.1f} "
-            f"| {level['per_hour']:.0f} ({level['per_hour'] / base['per_hour']:.2f}x) "
-            f"| {level['p50_step_s']:.2f} | {level['median_speedup']:.4f} |"
+    if results.get("levels"):
+        report_levels(results["levels"])
+    if "cached" in results:
+        cached = results["cached"]
+        stages = ", ".join(f"{stage} {cached['p50_stage_s'][stage]:.2f}" for stage in STAGES)
+        calls = ", ".join(
+            f"{stage} {cached['p50_stage_s'][stage]:.2f}" for stage in TOOL_CALL_STAGES
         )
-    print("\np50 seconds per stage:\n")
-    print("| trajectories | " + " | ".join(STAGES) + " |")
-    print("|---" * (len(STAGES) + 1) + "|")
-    for level in results["levels"]:
-        cells = " | ".join(f"{level['p50_stage_s'][stage]:.2f}" for stage in STAGES)
-        print(f"| {level['trajectories']} | {cells} |")
-    cached = results["cached"]
-    stages = ", ".join(f"{stage} {cached['p50_stage_s'][stage]:.2f}" for stage in STAGES)
-    calls = ", ".join(f"{stage} {cached['p50_stage_s'][stage]:.2f}" for stage in TOOL_CALL_STAGES)
+        print(
+            f"\nStep latency with a cached build (same source, every stage on): p50 "
+            f"{cached['p50_step_s']:.2f} s; p50 per stage: {stages}; the tool runs' parts and "
+            f"the timing's: {calls}"
+        )
     print(
-        f"\nStep latency with a cached build (same source, every stage on): p50 "
-        f"{cached['p50_step_s']:.2f} s; p50 per stage: {stages}; the tool runs' parts and the "
-        f"timing's: {calls}"
+        "\nWorkload reuse (correctness + timing only, sequential steps of one cached build; "
+        "rebuild = inputs, references and baseline built for every request):\n"
     )
-    reuse = results["reuse"]
-    gain = reuse["reuse"]["per_hour"] / reuse["rebuild"]["per_hour"]
-    print(
-        f"\nWorkload reuse (correctness + timing only, sequential): "
-        f"{reuse['reuse']['per_hour']:.0f}/h with reuse, {reuse['rebuild']['per_hour']:.0f}/h "
-        f"rebuilding per request: {gain:.2f}x"
-    )
+    print("| task | example | with reuse /h | rebuilding /h | gain | p50 state s rebuilding |")
+    print("|---|---|---|---|---|---|")
+    for task_id, entry in results["reuse"].items():
+        print(
+            f"| {task_id} | {entry['example']} | {entry['reuse']['per_hour']:.0f} "
+            f"| {entry['rebuild']['per_hour']:.0f} | {entry['gain']:.2f}x "
+            f"| {statistics.median(entry['rebuild']['state_s']):.2f} |"
+        )
+    if "gpu_efficiency" not in results:
+        return
     efficiency = results["gpu_efficiency"]
     print(
         f"GPU efficiency at {efficiency['at_trajectories']} trajectories: the protocol's kernel "
@@ -245,6 +300,28 @@ def report(results: dict[str, Any]) -> None:
         f"evaluation is {efficiency['gpu_wall_s_per_evaluation']:.2f} s: "
         f"{efficiency['efficiency']:.1%}"
     )
+
+
+def report_levels(levels: list[dict[str, Any]]) -> None:
+    print(
+        "| trajectories | evaluations | wall s | evaluations/hour | p50 step s | median speedup "
+        "| p50 GPU alone s | GPU alone share |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
+    base = levels[0]
+    for level in levels:
+        print(
+            f"| {level['trajectories']} | {level['evaluations']} | {level['wall_s']:.1f} "
+            f"| {level['per_hour']:.0f} ({level['per_hour'] / base['per_hour']:.2f}x) "
+            f"| {level['p50_step_s']:.2f} | {level['median_speedup']:.4f} "
+            f"| {level['p50_exclusive_s']:.2f} | {level['exclusive_share']:.0%} |"
+        )
+    print("\np50 seconds per stage:\n")
+    print("| trajectories | " + " | ".join(STAGES) + " |")
+    print("|---" * (len(STAGES) + 1) + "|")
+    for level in levels:
+        cells = " | ".join(f"{level['p50_stage_s'][stage]:.2f}" for stage in STAGES)
+        print(f"| {level['trajectories']} | {cells} |")
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ else:
 if not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU", allow_module_level=True)
 
-from kernels_ref import gemm, mha  # noqa: E402
+from kernels_ref import gemm, gqa, mha  # noqa: E402
 
 NAIVE_DIR = Path(__file__).resolve().parents[2] / "examples" / "naive"
 NVCC_FLAGS = [
@@ -66,7 +66,7 @@ def libs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, ctypes.CDLL]:
     nvcc = _nvcc()
     out_dir = tmp_path_factory.mktemp("naive")
     loaded: dict[str, ctypes.CDLL] = {}
-    for name in ("gemm", "mha_fwd_d128", "mha_bwd_d128"):
+    for name in ("gemm", "mha_fwd_d128", "mha_bwd_d128", "gqa_decode"):
         src = NAIVE_DIR / f"{name}.cu"
         so = out_dir / f"{name}.so"
         proc = subprocess.run(
@@ -85,10 +85,12 @@ def libs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, ctypes.CDLL]:
     loaded["gemm"].gemm.argtypes = [p, p, p, i, i, i, p]
     loaded["mha_fwd_d128"].mha_fwd.argtypes = [p, p, p, p, p, i, i, i, i, p]
     loaded["mha_bwd_d128"].mha_bwd.argtypes = [p, p, p, p, p, p, p, p, p, i, i, i, i, p]
+    loaded["gqa_decode"].gqa_decode.argtypes = [p, p, p, p, p, p, p, p, i, i, i, p]
     for lib, fn in (
         (loaded["gemm"], "gemm"),
         (loaded["mha_fwd_d128"], "mha_fwd"),
         (loaded["mha_bwd_d128"], "mha_bwd"),
+        (loaded["gqa_decode"], "gqa_decode"),
     ):
         getattr(lib, fn).restype = ctypes.c_int
     return loaded
@@ -181,6 +183,41 @@ def test_naive_mha_bwd(libs: dict[str, ctypes.CDLL], shape: tuple[int, int, int,
     ref = mha.bwd_reference(x)
     for n in ("dQ", "dK", "dV"):
         _assert_close(grads[n], ref[n], n)
+    _assert_unchanged(before, x)
+
+
+@pytest.mark.parametrize(
+    "kv_lens",
+    # Whole pages, partial last pages, a single token, and lengths not a multiple of the 8
+    # tokens the kernel takes per step.
+    [[64, 32], [1, 17, 100, 255], [1031, 7]],
+    ids=lambda lens: "-".join(map(str, lens)),
+)
+def test_naive_gqa_decode(libs: dict[str, ctypes.CDLL], kv_lens: list[int]) -> None:
+    pages = sum(-(-n // 16) for n in kv_lens)
+    axes = {
+        "batch_size": len(kv_lens),
+        "len_indptr": len(kv_lens) + 1,
+        "num_pages": pages,
+        "num_kv_indices": pages,
+        "num_qo_heads": 32,
+        "num_kv_heads": 8,
+        "head_dim": 128,
+        "page_size": 16,
+    }
+    x = gqa.make_decode_inputs(axes, seed=25, device="cuda", kv_lens=kv_lens)
+    before = _snapshot(x)
+    o = _poisoned((len(kv_lens), 32, 128), torch.bfloat16)
+    lse = _poisoned((len(kv_lens), 32), torch.float32)
+    names = ("q", "k_cache", "v_cache", "kv_indptr", "kv_indices", "kv_last_page_len")
+    rc = libs["gqa_decode"].gqa_decode(
+        *(_ptr(x[n]) for n in names), _ptr(o), _ptr(lse), len(kv_lens), pages, pages, _stream()
+    )
+    torch.cuda.synchronize()
+    assert rc == 0
+    ref = gqa.decode_reference(x, kv_lens=kv_lens)
+    _assert_close(o, ref["o"], "o")
+    _assert_close(lse, ref["lse"], "lse")
     _assert_unchanged(before, x)
 
 
