@@ -7,7 +7,8 @@ then each is handed the job in turn, alone on the GPU. Reported per set, as medi
 under the tool (its replays), the GPU part around it (the candidate's library and inputs), the
 tail (the program's exit and the report's writing), the report's reading, and the whole from
 the word to the counts; and whether the set's counts qualify the kernel. The judge's set is the
-first; the others show which of its metrics cost the replays.
+first, then with the details it collects on request; the others show what the opcode counts
+cost alone.
 
 Prints markdown for docs/benchmarks.md and writes OUT/profile_cost.json.
 """
@@ -26,31 +27,19 @@ from ptxgym.compiler import compile_source
 from ptxgym.gpu_evaluator import incompatibility
 from ptxgym.gpus import visible_gpus
 from ptxgym.profile import (
-    FACT_METRICS,
     PROFILE_METRICS,
     THREAD_METRIC,
-    WARP_METRIC,
     InstructionProfile,
     PendingProfile,
+    profile_metrics,
 )
 from ptxgym.single_call import CallJob
 from ptxgym.tasks import get_task
 
-# The launch's shape and registers: launch statistics, which need no replay pass.
-LAUNCH_FACTS = tuple(FACT_METRICS[f] for f in ("registers_per_thread", "grid_size", "block_size"))
-
 METRIC_SETS: dict[str, tuple[str, ...]] = {
-    "judge's (both opcode metrics and facts)": PROFILE_METRICS,
+    "judge's (both opcode metrics, duration and launch facts)": PROFILE_METRICS,
+    "judge's with details (throughput, occupancy)": profile_metrics(details=True),
     "thread opcode metric only": (THREAD_METRIC,),
-    "both opcode metrics": (THREAD_METRIC, WARP_METRIC),
-    "facts only": tuple(FACT_METRICS.values()),
-    # Cheaper facts: the launch's, then the duration too.
-    "thread opcode metric and the launch facts": (THREAD_METRIC, *LAUNCH_FACTS),
-    "thread opcode metric, launch facts and duration": (
-        THREAD_METRIC,
-        *LAUNCH_FACTS,
-        FACT_METRICS["duration_us"],
-    ),
     # Warp-level counts by opcode class from hardware counters, without binary instrumentation
     # (they cannot tell a predicated-off instruction from one that ran).
     "hardware opcode-class counters": (

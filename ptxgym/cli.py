@@ -74,6 +74,11 @@ def _parser() -> argparse.ArgumentParser:
             command.add_argument(
                 "--no-profile", action="store_true", help="skip the Nsight Compute profile"
             )
+            command.add_argument(
+                "--profile-details",
+                action="store_true",
+                help="the profile also measures throughput and occupancy (slower)",
+            )
 
     baseline = commands.add_parser(
         "baseline", help="the library baseline's latency per workload on the local GPU"
@@ -217,7 +222,10 @@ def _eval(args: argparse.Namespace) -> int:
     from ptxgym.judge import JudgeSettings
 
     settings = JudgeSettings(
-        memcheck=not args.no_memcheck, racecheck=args.racecheck, profile=not args.no_profile
+        memcheck=not args.no_memcheck,
+        racecheck=args.racecheck,
+        profile=not args.no_profile,
+        profile_details=args.profile_details,
     )
     try:
         return _report_candidate(args, LocalGPUEvaluator(settings=settings), success=Status.PASSED)

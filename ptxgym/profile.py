@@ -5,10 +5,11 @@ For a candidate that passed, the judge runs one more disposable process under Ns
 ``cudaProfilerStop``, so only the candidate's own launches are profiled (not input generation,
 references or the L2 flush). Nsight Compute collects, per SASS opcode, the predicate-enabled thread
 executions (``sass__thread_inst_executed_true_per_opcode``) and the warp-level executions beside
-them, and the few metrics of ``FACT_METRICS``: duration, throughput against the GPU's peaks,
-occupancy, registers and launch shape, the facts that help the next attempt. They are named one by
-one rather than as sections, since every metric a section adds costs replay passes on the
-critical path of a step.
+them, and the facts that help the next attempt: always those of ``FACT_METRICS`` (each kernel's
+duration, registers and launch shape), and with ``details`` those of ``DETAIL_METRICS``
+(throughput against the GPU's peaks, occupancy). They are named one by one rather than as
+sections, since every metric costs time while the GPU is held alone: the details need hardware
+counter passes of their own, about 0.4 s per step on the H200 (docs/benchmarks.md).
 
 The report goes to a folder of its own, which the profiled program cannot write (its writes are
 confined to its own folder, ``ptxgym.landlock``), so it can neither forge the report nor turn its
@@ -45,20 +46,33 @@ from ptxgym.tasks import Task
 
 THREAD_METRIC = "sass__thread_inst_executed_true_per_opcode"
 WARP_METRIC = "sass__inst_executed_per_opcode"
-# The metrics reported per kernel, under the names KernelFacts gives them.
+# The metrics reported per kernel, under the names KernelFacts gives them. Always collected:
+# the launch statistics (no replay pass) and the duration.
 FACT_METRICS = {
     "duration_us": "gpu__time_duration.sum",
+    "registers_per_thread": "launch__registers_per_thread",
+    "grid_size": "launch__grid_size",
+    "block_size": "launch__block_size",
+}
+# Collected on request (JudgeSettings.profile_details): hardware counters needing passes of
+# their own.
+DETAIL_METRICS = {
     "sm_throughput_pct": "sm__throughput.avg.pct_of_peak_sustained_elapsed",
     "memory_throughput_pct": "gpu__compute_memory_throughput.avg.pct_of_peak_sustained_elapsed",
     "dram_throughput_pct": "gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed",
     "achieved_occupancy_pct": "sm__warps_active.avg.pct_of_peak_sustained_active",
     "theoretical_occupancy_pct": "sm__maximum_warps_per_active_cycle_pct",
-    "registers_per_thread": "launch__registers_per_thread",
-    "grid_size": "launch__grid_size",
-    "block_size": "launch__block_size",
 }
-# What the judge collects: both opcode metrics and the facts.
+_ALL_FACTS = {**FACT_METRICS, **DETAIL_METRICS}
+# What the judge collects by default: both opcode metrics and the facts.
 PROFILE_METRICS = (THREAD_METRIC, WARP_METRIC, *FACT_METRICS.values())
+
+
+def profile_metrics(details: bool = False) -> tuple[str, ...]:
+    """The metrics a profile collects: the opcode counts and facts, plus the details if asked."""
+    return PROFILE_METRICS + (tuple(DETAIL_METRICS.values()) if details else ())
+
+
 DEFAULT_TIMEOUT_S = 120.0
 EXIT_NOT_WANTED = 4  # the reader was not told to read before the judge went away
 _TAIL_CHARS = 1500
@@ -66,7 +80,8 @@ _TAIL_CHARS = 1500
 
 @dataclass(frozen=True)
 class KernelFacts:
-    """Nsight Compute's summary of one profiled kernel launch (None where it was not reported)."""
+    """Nsight Compute's summary of one profiled kernel launch (None where it was not reported,
+    or not collected: the throughputs and occupancies are details, collected on request)."""
 
     name: str
     duration_us: float | None = None
@@ -254,17 +269,19 @@ def profile_candidate(
     *,
     device: int,
     timeout_s: float = DEFAULT_TIMEOUT_S,
+    details: bool = False,
 ) -> InstructionProfile:
-    """Profile one call of the candidate on ``workload`` (axes and sequences) with ``seed``."""
+    """Profile one call of the candidate on ``workload`` (axes and sequences) with ``seed``;
+    ``details``: also ``DETAIL_METRICS``."""
     job = CallJob(task, library, workload, seed)
-    return PendingProfile(device=device).finish(job, timeout_s)
+    return PendingProfile(device=device, metrics=profile_metrics(details)).finish(job, timeout_s)
 
 
 def _kernel_facts(kernel: Mapping[str, Any]) -> KernelFacts:
     metrics = kernel["metrics"]
     values = {
         fact: float(metrics[metric])
-        for fact, metric in FACT_METRICS.items()
+        for fact, metric in _ALL_FACTS.items()
         if isinstance(metrics.get(metric), int | float)
     }
     if "duration_us" in values:  # Nsight Compute reports the duration in nanoseconds
@@ -273,8 +290,8 @@ def _kernel_facts(kernel: Mapping[str, Any]) -> KernelFacts:
 
 
 def _read_report(report_path: str) -> int:
-    """Sum the per-opcode counts over every profiled kernel, and list each kernel's
-    ``FACT_METRICS``; print them as one JSON line."""
+    """Sum the per-opcode counts over every profiled kernel, and list each kernel's facts (those
+    of ``FACT_METRICS`` and ``DETAIL_METRICS`` it has); print them as one JSON line."""
     import ncu_report
 
     report = ncu_report.load_report(report_path)
@@ -286,7 +303,7 @@ def _read_report(report_path: str) -> int:
         for action_index in range(profiled_range.num_actions()):
             action = profiled_range.action_by_idx(action_index)
             facts: dict[str, float] = {}
-            for metric_name in FACT_METRICS.values():
+            for metric_name in _ALL_FACTS.values():
                 metric = action.metric_by_name(metric_name)
                 if metric is not None:
                     facts[metric_name] = float(metric.as_double())

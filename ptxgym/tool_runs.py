@@ -16,7 +16,7 @@ import threading
 from collections.abc import Iterable
 from typing import Literal
 
-from ptxgym.profile import PendingProfile
+from ptxgym.profile import PendingProfile, profile_metrics
 from ptxgym.sanitizer import PendingSanitizer
 
 ToolKind = Literal["memcheck", "racecheck", "profile"]
@@ -26,9 +26,13 @@ PendingRun = PendingSanitizer | PendingProfile
 class ToolRuns:
     """The waiting runs of each tool kind on one GPU."""
 
-    def __init__(self, device: int, kinds: Iterable[ToolKind], spare: int) -> None:
+    def __init__(
+        self, device: int, kinds: Iterable[ToolKind], spare: int, profile_details: bool = False
+    ) -> None:
+        """``profile_details``: profiles also collect ``ptxgym.profile.DETAIL_METRICS``."""
         self.device = device
         self.spare = spare
+        self.profile_metrics = profile_metrics(profile_details)
         self._waiting: dict[ToolKind, list[PendingRun]] = {kind: [] for kind in kinds}
         self._mutex = threading.Lock()
 
@@ -74,5 +78,5 @@ class ToolRuns:
 
     def _start(self, kind: ToolKind) -> PendingRun:
         if kind == "profile":
-            return PendingProfile(device=self.device)
+            return PendingProfile(device=self.device, metrics=self.profile_metrics)
         return PendingSanitizer(device=self.device, tool=kind)

@@ -14,6 +14,8 @@ from ptxgym.compiler import CompileResult
 from ptxgym.feedback import render_feedback
 from ptxgym.outcome import Outcome, Status
 from ptxgym.profile import (
+    DETAIL_METRICS,
+    PROFILE_METRICS,
     InstructionProfile,
     KernelFacts,
     families_executed,
@@ -176,6 +178,22 @@ def test_report_is_read_through_the_report_interface(
     ):
         assert expected in arguments
     assert "--section" not in arguments  # named metrics only: each section adds replay passes
+    # The details (hardware counter passes of their own) only on request.
+    assert not any(metric in arguments for metric in DETAIL_METRICS.values())
+
+
+def test_details_are_collected_on_request(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    ncu = _fake_ncu(
+        tmp_path,
+        'echo "$@" > "$(dirname "$0")/args"\n'
+        'while [ "$1" != "--export" ]; do shift; done; printf report > "$2"',
+        _FAKE_REPORT_MODULE,
+    )
+    monkeypatch.setenv("PTXGYM_NCU", str(ncu))
+    result = profile_candidate(H100, "/nonexistent.so", WORKLOAD, 1, device=0, details=True)
+    assert result.ok, result.reason
+    metrics = (tmp_path / "args").read_text().split("--metrics ")[1].split()[0].split(",")
+    assert set(metrics) == {*PROFILE_METRICS, *DETAIL_METRICS.values()}
 
 
 def test_a_report_the_profiled_program_writes_itself_is_never_read(
