@@ -64,7 +64,6 @@ def record(result: InstructionProfile) -> dict[str, Any]:
         "tail": result.seconds - gpu - result.read_seconds,
         "read": result.read_seconds,
         "context_before_word": call.get("context"),
-        "driver_before_word": call.get("driver"),
         "ready_before_word": call.get("ready"),
     }
 

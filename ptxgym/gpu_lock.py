@@ -1,20 +1,19 @@
 """Timings never share a GPU, across every process on the machine.
 
-A timing (a worker's correctness and timing stages, a workload's references and baseline) holds
-its GPU **exclusively**: nothing else of ours runs GPU work meanwhile. The other GPU work of an
-evaluation (the sanitizer's and the profiler's one call, a worker's CUDA start-up) holds it
-**shared**: any number at once, but never during a timing. The CPU parts around them (compiling,
-starting processes, importing torch, reading reports) hold nothing and overlap freely. Exclusive
-holders are preferred: once one waits, new shared holders wait behind it, so timings are never
-starved by a stream of tool runs.
+A timing (a worker's correctness and timing stages, a workload's references and baseline) and a
+tool's one call of a candidate (the sanitizer's, the profiler's) hold their GPU **alone**:
+nothing else of ours puts work on it meanwhile. The CPU parts around them (compiling, starting
+processes, importing torch, reading reports) hold nothing and overlap freely, and so do CUDA
+start-ups: making a context, with no kernel, copy or memset, does not move a timing (on the
+H200, a GEMM timed while eight processes made contexts in a loop, plainly, under Nsight Compute
+and under compute-sanitizer, kept its latency within the run-to-run spread: docs/benchmarks.md,
+sixth session). Holding the GPU for them only kept timings waiting.
 
-The lock is a pair of ``flock``s on files named after the physical GPU, in one folder for the
+The lock is an exclusive ``flock`` on a file named after the physical GPU, in one folder for the
 whole machine (``paths.lock_dir``: not the cache folder, which differs between users, test
 sessions and benchmark runs), so it holds between processes and ends with the process that
-holds it (a killed holder never leaves it locked). The main file is held exclusively or shared;
-the turnstile beside it is held by an exclusive holder from its arrival to its end and crossed
-briefly by shared ones, which is what makes waiting exclusive holders come first. Exclusive
-waiters inside one process are served first come, first served.
+holds it (a killed holder never leaves it locked). Holders inside one process are served first
+come, first served.
 """
 
 from __future__ import annotations
@@ -70,44 +69,29 @@ def lock_path(device: int) -> Path:
 
 def exclusive_gpu(device: int) -> contextlib.AbstractContextManager[float]:
     """Hold GPU ``device`` alone for this block; yields the seconds spent waiting for it."""
-    return holding(lock_path(device), exclusive=True)
-
-
-def shared_gpu(device: int) -> contextlib.AbstractContextManager[float]:
-    """Hold GPU ``device`` with other shared holders, never during a timing; yields the wait."""
-    return holding(lock_path(device), exclusive=False)
+    return holding(lock_path(device))
 
 
 @contextmanager
-def holding(path: Path, exclusive: bool = True) -> Iterator[float]:
-    """Hold the GPU whose lock file is ``path``, alone or shared (a child process is given the
-    path, since its scrubbed environment cannot locate ptxgym's folders)."""
+def holding(path: Path) -> Iterator[float]:
+    """Hold the GPU whose lock file is ``path`` alone (a child process is given the path, since
+    its scrubbed environment cannot locate ptxgym's folders); yields the wait."""
     started = time.perf_counter()
-    if not exclusive:
-        with _locked(_turnstile(path), fcntl.LOCK_EX):
-            pass  # wait behind any exclusive holder that arrived first
-        with _locked(path, fcntl.LOCK_SH):
-            yield time.perf_counter() - started
-        return
     with _gates_mutex:
         gate = _gates.setdefault(str(path), _FifoGate())
     gate.acquire()
     try:
-        with _locked(_turnstile(path), fcntl.LOCK_EX), _locked(path, fcntl.LOCK_EX):
+        with _locked(path):
             yield time.perf_counter() - started
     finally:
         gate.release()
 
 
-def _turnstile(path: Path) -> Path:
-    return path.with_name(path.name + ".turnstile")
-
-
 @contextmanager
-def _locked(path: Path, operation: int) -> Iterator[None]:
+def _locked(path: Path) -> Iterator[None]:
     # O_CLOEXEC: processes started while it is held (workers, compilers) must not inherit it.
     # Read-only when the file exists (flock needs no write access): a worker whose writes are
-    # confined to its own folder (ptxgym.landlock) takes the lock too.
+    # confined to its own folder (ptxgym.landlock: a single-call program) takes the lock too.
     try:
         descriptor = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except FileNotFoundError:
@@ -116,7 +100,7 @@ def _locked(path: Path, operation: int) -> Iterator[None]:
         with contextlib.suppress(OSError):  # others' processes open it too (umask aside)
             os.fchmod(descriptor, 0o666)
     try:
-        fcntl.flock(descriptor, operation)
+        fcntl.flock(descriptor, fcntl.LOCK_EX)
         yield
     finally:
         os.close(descriptor)  # closing releases the flock

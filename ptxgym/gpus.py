@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import os
 import shutil
 import subprocess
@@ -54,13 +52,12 @@ def physical_device(device: int) -> str:
     return visible.split(",")[device].strip()
 
 
-def initialize_driver() -> None:
-    """Load and initialise the CUDA driver (``cuInit``) without making a context.
+def make_context(device: int) -> None:
+    """Make this process's CUDA context on ``device`` and make it torch's current device,
+    launching nothing on the GPU (no kernel, copy or memset): a start-up like this does not
+    disturb a timing, so it holds no GPU lock (``ptxgym.gpu_lock``). Under a tool (Nsight
+    Compute, compute-sanitizer) the tool's injection loads here too."""
+    import torch
 
-    A tool's injection library (Nsight Compute, compute-sanitizer) loads here, which takes
-    longer than the context itself; none of it runs on the GPU, so it need not wait for, or
-    hold, the GPU lock (``ptxgym.gpu_lock``): only the context that follows does. A failure is
-    left for the context's creation to report, in CUDA's own words.
-    """
-    with contextlib.suppress(OSError):  # no driver here: the context's creation says so
-        ctypes.CDLL("libcuda.so.1").cuInit(0)
+    torch.cuda.set_device(device)
+    torch.cuda.synchronize()  # the first call that needs the context makes it

@@ -29,8 +29,8 @@ from typing import Any
 from ptxgym import channel
 from ptxgym.baselines import baseline_key, cached_baseline, store_baseline
 from ptxgym.correctness import CheckReport, check_outputs
-from ptxgym.gpu_lock import exclusive_gpu, lock_path, shared_gpu
-from ptxgym.gpus import visible_gpus
+from ptxgym.gpu_lock import exclusive_gpu
+from ptxgym.gpus import make_context, visible_gpus
 from ptxgym.outcome import Status
 from ptxgym.profile import DEFAULT_TIMEOUT_S as DEFAULT_PROFILE_TIMEOUT_S
 from ptxgym.profile import InstructionProfile, PendingProfile
@@ -188,7 +188,7 @@ class _Worker:
         self.conn, child = context.Pipe()
         self.process = context.Process(
             target=worker_main,
-            args=(child, device, str(self.log_path), str(self.home), str(lock_path(device))),
+            args=(child, device, str(self.log_path), str(self.home)),
             daemon=True,
         )
         self.process.start()
@@ -250,11 +250,8 @@ class Judge:
         self.torch = torch
         self.device = device
         self.settings = settings
-        # Making the CUDA context and starting CUPTI touch the GPU: never during a timing.
-        with shared_gpu(device):
-            torch.cuda.set_device(device)
-            torch.zeros(1, device="cuda")
-            self.timer = Timer()
+        make_context(device)  # launches nothing: needs no GPU lock
+        self.timer = Timer()
         self.context = multiprocessing.get_context("spawn")
         self.folder = Path(tempfile.mkdtemp(prefix="ptxgym-judge-"))
         # Least recently used first; evicted beyond settings.state_budget_bytes.

@@ -8,9 +8,9 @@ candidate once between ``cudaProfilerStart`` and ``cudaProfilerStop`` (so a prof
 
 Most of such a run is start-up (the tool, Python, torch, the CUDA context under the tool), so the
 judge keeps runs started ahead of need (``PendingCall``), not yet bound to a candidate, as it
-keeps workers. A waiting run has made its CUDA context, sharing the GPU (``ptxgym.gpu_lock``:
-never during a timing), and does nothing else until the word: ``go``, with the job (the
-candidate's library, its task and input set), or ``stop``. After ``go`` it holds the GPU alone
+keeps workers. A waiting run has made its CUDA context (launching nothing on the GPU, so without
+the GPU lock: ``ptxgym.gpu_lock``), and does nothing else until the word: ``go``, with the job
+(the candidate's library, its task and input set), or ``stop``. After ``go`` it holds the GPU alone
 to load the candidate, make the inputs and call it. It runs with a scrubbed environment in a
 folder of its own, and gives up waiting when the judge is gone.
 """
@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from ptxgym.gpu_lock import holding, lock_path
-from ptxgym.gpus import initialize_driver, physical_device
+from ptxgym.gpus import make_context, physical_device
 from ptxgym.isolation import limit_resources, python_environment, restrict_writes, seal
 from ptxgym.processes import POLL_S, ProcessGroup, wait_for_word
 from ptxgym.tasks import Task
@@ -39,7 +39,7 @@ EXIT_ENTRY_FAILED = 3  # the entry point returned a CUDA error
 EXIT_NOT_WANTED = 4  # told to stop, or the judge went away, before the call
 # The line on which the program says where its seconds went (``call_seconds``).
 SECONDS_MARK = "ptxgym-single-call-seconds "
-_SECONDS_KEYS = ("driver", "context", "ready", "gpu_wait", "load", "inputs", "call", "gpu")
+_SECONDS_KEYS = ("context", "ready", "gpu_wait", "load", "inputs", "call", "gpu")
 
 
 @dataclass(frozen=True)
@@ -143,16 +143,13 @@ def run_job(spec_path: str) -> int:
 
     gpu_lock = Path(spec["gpu_lock"])
     # The start-up (Python, torch, the driver with the tool's injection, the CUDA context under
-    # the tool) happens ahead of need, so that after the word only the call is left. The
-    # context is made sharing the GPU (never during a timing); the driver is loaded before,
-    # outside the lock. Nothing else touches the GPU before the word: inputs made ahead, by
-    # every waiting run, held the GPU long enough to keep timings waiting (docs/benchmarks.md,
-    # fourth session), and no candidate code is loaded before it.
+    # the tool) happens ahead of need, so that after the word only the call is left. It
+    # launches nothing on the GPU, so it holds no lock. Nothing else touches the GPU before the
+    # word: inputs made ahead, by every waiting run, held the GPU long enough to keep timings
+    # waiting (docs/benchmarks.md, fourth session), and no candidate code is loaded before it.
     seconds: dict[str, float] = {}
-    with _stage(seconds, "driver"):
-        initialize_driver()
-    with _stage(seconds, "context"), holding(gpu_lock, exclusive=False):
-        torch.zeros(1, device="cuda")
+    with _stage(seconds, "context"):
+        make_context(0)  # the run sees only its GPU (CUDA_VISIBLE_DEVICES)
     # The tools talk to this process over sockets, so those stay; the rest of the filter holds.
     seal(network=True)
     # Writes only in this call's folder from here on (the tool's own processes write the report).
@@ -200,13 +197,13 @@ def _stage(seconds: dict[str, float], name: str) -> Iterator[None]:
 
 def call_seconds(output: str) -> dict[str, float]:
     """Where a run's seconds went, from the last line it printed for the judge. Before the
-    word: ``driver`` (loading the driver and the tool's injection, outside the GPU lock),
-    ``context`` (making the CUDA context under the tool, sharing the GPU, waiting included) and
-    ``ready`` (waiting for the word; about 0 when the start-up itself kept the judge waiting).
-    After it: ``gpu_wait`` (waiting to have the GPU alone) and ``gpu`` (holding it), made of
-    ``load`` (the candidate's library), ``inputs`` (its inputs and outputs) and ``call`` (the
-    call under the tool: for the profile, its replays). Empty when there is no such line (the
-    run failed before its end). For the stage breakdown only: nothing is judged on it."""
+    word: ``context`` (loading the driver with the tool's injection and making the CUDA context
+    under the tool) and ``ready`` (waiting for the word; about 0 when the start-up itself kept
+    the judge waiting). After it: ``gpu_wait`` (waiting to have the GPU alone) and ``gpu``
+    (holding it), made of ``load`` (the candidate's library), ``inputs`` (its inputs and
+    outputs) and ``call`` (the call under the tool: for the profile, its replays). Empty when
+    there is no such line (the run failed before its end). For the stage breakdown only:
+    nothing is judged on it."""
     for line in reversed(output.splitlines()):
         if line.startswith(SECONDS_MARK):
             try:

@@ -4,7 +4,12 @@
 from __future__ import annotations
 
 import random
+import sys
+import types
 
+import pytest
+
+from ptxgym import timing
 from ptxgym.timing import device_spans_ms
 
 MS = 1_000_000  # CUPTI timestamps are nanoseconds
@@ -50,3 +55,46 @@ def test_bisection_agrees_with_scanning_every_record() -> None:
         return (max(stop for _, stop in windows) - min(start for start, _ in windows)) / 1e6
 
     assert device_spans_ms(api, device, brackets) == [scanned(b, e) for b, e in brackets]
+
+
+class _FakeCupti:
+    """Stands in for cupti-python's module: records which activity kinds are on."""
+
+    class ActivityKind:
+        RUNTIME, DRIVER, CONCURRENT_KERNEL, MEMCPY, MEMSET = range(5)
+
+    def __init__(self) -> None:
+        self.enabled: set[int] = set()
+
+    def activity_register_callbacks(self, requested: object, completed: object) -> None:
+        pass
+
+    def activity_enable(self, kind: int) -> None:
+        self.enabled.add(kind)
+
+    def activity_disable(self, kind: int) -> None:
+        self.enabled.discard(kind)
+
+    def activity_flush_all(self, flag: int) -> None:
+        pass
+
+
+def test_api_calls_are_recorded_only_around_the_timed_calls(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The preparations between the calls make thousands of API calls; only the calls' own
+    # count, and reading the others' records cost most of a measurement's time.
+    fake = _FakeCupti()
+    package = types.ModuleType("cupti")
+    package.cupti = fake  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "cupti", package)
+    recorder = timing._Cupti()
+    kind = _FakeCupti.ActivityKind
+    device_kinds = {kind.CONCURRENT_KERNEL, kind.MEMCPY, kind.MEMSET}
+    recorder.start()
+    assert fake.enabled == device_kinds
+    with recorder.recording_api():
+        assert fake.enabled == device_kinds | {kind.RUNTIME, kind.DRIVER}
+    assert fake.enabled == device_kinds
+    recorder.stop()
+    assert fake.enabled == set()

@@ -208,8 +208,6 @@ lock = Path(sys.argv[2])
 with holding(lock):  # made before, as the judge makes it before it starts a worker
     pass
 confine(Path(sys.argv[1]))
-with holding(lock, exclusive=False):  # the worker's CUDA start-up
-    pass
 with holding(lock):  # the single-call run's call
     pass
 print("locked")

@@ -207,7 +207,7 @@ def test_the_last_seconds_line_of_a_run_is_the_one_read() -> None:
     from ptxgym.single_call import SECONDS_MARK, call_seconds
 
     fake = SECONDS_MARK + json.dumps({"context": 0.0, "gpu_wait": 0.0, "gpu": 0.0})
-    parts = {"driver": 0.25, "context": 1.5, "gpu_wait": 0.5, "load": 0.1, "inputs": 0.2}
+    parts = {"context": 1.5, "gpu_wait": 0.5, "load": 0.1, "inputs": 0.2}
     real = SECONDS_MARK + json.dumps({**parts, "call": 1.5, "gpu": 2.0, "other": 9.0})
     # A candidate may print a line of its own; the program's comes after the call returned.
     # Only the program's own keys are read.
