@@ -189,8 +189,9 @@ def main() -> None:
         "settings": settings.__dict__,
     }
     out = args.out / "throughput.json"
-    # A first step starts the judge and builds the workload state (baseline included).
-    results["first_step"] = trajectory(evaluator, args.task, source, "warm-up", 1)[0]
+    if args.concurrency or args.cached_steps:
+        # A first step starts the judge and builds the workload state (baseline included).
+        results["first_step"] = trajectory(evaluator, args.task, source, "warm-up", 1)[0]
     # Step latency without compiling: the same source again (a cache hit), every stage on.
     if args.cached_steps:
         steps = args.cached_steps + 1  # the first of them builds (or finds) nothing new: dropped
@@ -265,7 +266,9 @@ def gpu_efficiency(
 
 def report(results: dict[str, Any]) -> None:
     print(f"\n# Throughput, {results['date']}, {results['device']['name']}, {results['task']}")
-    print(f"example {results['example']}; first step {results['first_step']['step_s']:.1f} s\n")
+    if "first_step" in results:
+        first = results["first_step"]["step_s"]
+        print(f"example {results['example']}; first step {first:.1f} s\n")
     if results.get("levels"):
         report_levels(results["levels"])
     if "cached" in results:
