@@ -10,6 +10,11 @@ the word to the counts; and whether the set's counts qualify the kernel. The jud
 first, then with the details it collects on request; the others show what the opcode counts
 cost alone.
 
+Then, with the judge's set, what a run's *first* profiled kernel costs against later ones: one
+Nsight Compute run of a program that calls the candidate three times, each between
+``cudaProfilerStart`` and ``cudaProfilerStop``; and one whose program first profiles a trivial
+kernel of its own (a warm-up a run could do ahead of its word).
+
 Prints markdown for docs/benchmarks.md and writes OUT/profile_cost.json.
 """
 
@@ -19,6 +24,8 @@ import argparse
 import datetime
 import json
 import statistics
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -31,6 +38,7 @@ from ptxgym.profile import (
     THREAD_METRIC,
     InstructionProfile,
     PendingProfile,
+    find_ncu,
     profile_metrics,
 )
 from ptxgym.single_call import CallJob
@@ -48,6 +56,8 @@ METRIC_SETS: dict[str, tuple[str, ...]] = {
     ),
 }
 CONTEXT_WAIT_S = 40.0  # for every waiting run to have made its context under the tool
+PROFILED_CALLS = 3
+_SECONDS_MARK = "profiled-call-seconds "
 
 
 def record(result: InstructionProfile) -> dict[str, Any]:
@@ -68,6 +78,79 @@ def record(result: InstructionProfile) -> dict[str, Any]:
     }
 
 
+def profiled_calls(task_id: str, library: str, warm_up: bool) -> None:
+    """Child mode, run under Nsight Compute: call the candidate ``PROFILED_CALLS`` times, each
+    profiled (after a trivial kernel of our own, profiled first, if ``warm_up``), and print the
+    seconds of each."""
+    import torch
+
+    from ptxgym.gpus import make_context
+    from ptxgym.worker import Entry, allocate_outputs, make_inputs
+
+    make_context(0)
+    task = get_task(task_id)
+    workload = task.workloads[0]
+    axes = {**task.definition.const_axes, **workload.axes}
+    seconds: dict[str, float] = {}
+
+    def profiled(name: str, launch: Any) -> None:
+        torch.cuda.synchronize()
+        started = time.perf_counter()
+        torch.cuda.profiler.start()
+        launch()
+        torch.cuda.synchronize()
+        torch.cuda.profiler.stop()
+        seconds[name] = time.perf_counter() - started
+
+    if warm_up:
+        ones = torch.ones(16, device="cuda")
+        profiled("warm_up", lambda: ones.add_(1))
+    entry = Entry(library, task)
+    payload = {"axes": workload.axes, "sequences": workload.sequences}
+    inputs = make_inputs(task, payload, 1, False)
+    outputs = allocate_outputs(task, axes)
+    stream = torch.cuda.Stream()
+    for call in range(PROFILED_CALLS):
+
+        def launch() -> None:
+            with torch.cuda.stream(stream):
+                entry(inputs, outputs, axes, stream.cuda_stream)
+
+        profiled(f"call{call}", launch)
+    print(_SECONDS_MARK + json.dumps(seconds), flush=True)
+
+
+def describe_calls(calls: Any) -> str:
+    """One run's profiled calls as text (or why there are none)."""
+    if not isinstance(calls, dict) or "error" in calls:
+        return f"failed: {calls}"
+    return ", ".join(f"{name} {seconds:.2f} s" for name, seconds in calls.items())
+
+
+def first_kernel_cost(task_id: str, library: str, report: Path) -> dict[str, Any]:
+    """The seconds of each profiled call in one Nsight Compute run, without and with a
+    warm-up kernel first."""
+    ncu = find_ncu()
+    if ncu is None:
+        return {"any": {"error": "Nsight Compute (ncu) was not found"}}
+    runs: dict[str, Any] = {}
+    for label in ("cold", "warm-up first"):
+        command = [
+            *(ncu, "--profile-from-start", "off", "--clock-control", "none"),
+            *("--metrics", ",".join(PROFILE_METRICS), "--export", str(report)),
+            *("--force-overwrite", sys.executable, __file__, "--profiled-calls", library),
+            *("--task", task_id, *(["--warm-up"] if label != "cold" else [])),
+        ]
+        done = subprocess.run(command, capture_output=True, text=True, check=False)
+        lines = [line for line in done.stdout.splitlines() if line.startswith(_SECONDS_MARK)]
+        runs[label] = (
+            json.loads(lines[-1].removeprefix(_SECONDS_MARK))
+            if lines
+            else {"error": (done.stdout + done.stderr)[-1000:]}
+        )
+    return runs
+
+
 def median(records: list[dict[str, Any]], key: str) -> float | None:
     values = [r[key] for r in records if r["ok"] and isinstance(r[key], int | float)]
     return statistics.median(values) if values else None
@@ -79,7 +162,12 @@ def main() -> None:
     parser.add_argument("--task", default="PTX-H100-GEMM")
     parser.add_argument("--example", type=Path, default=Path("examples/expert/gemm.cu"))
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--profiled-calls", metavar="LIBRARY", help=argparse.SUPPRESS)
+    parser.add_argument("--warm-up", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.profiled_calls:  # the program profiled by first_kernel_cost
+        profiled_calls(args.task, args.profiled_calls, args.warm_up)
+        return
     task = get_task(args.task)
     if reason := incompatibility(task):
         raise SystemExit(f"cannot run here: {reason}")
@@ -127,6 +215,13 @@ def main() -> None:
         for run in entry["runs"]:
             if not run["ok"]:
                 print(f"\nfailed run: {run['reason']}")
+    results["first_kernel"] = first_kernel_cost(
+        args.task, build.library, args.out / "first-kernel.ncu-rep"
+    )
+    (args.out / "profile_cost.json").write_text(json.dumps(results, indent=1))
+    print("\nSeconds of each profiled call in one run (the judge's set):\n")
+    for label, calls in results["first_kernel"].items():
+        print(f"- {label}: {describe_calls(calls)}")
 
 
 if __name__ == "__main__":
