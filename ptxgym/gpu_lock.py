@@ -90,8 +90,9 @@ def holding(path: Path) -> Iterator[float]:
 @contextmanager
 def _locked(path: Path) -> Iterator[None]:
     # O_CLOEXEC: processes started while it is held (workers, compilers) must not inherit it.
-    # Read-only when the file exists (flock needs no write access): a worker whose writes are
-    # confined to its own folder (ptxgym.landlock: a single-call program) takes the lock too.
+    # Read-only when the file exists (flock needs no write access): a process whose writes are
+    # confined to its own folder (ptxgym.landlock), as a single-call program's are, takes the
+    # lock too.
     try:
         descriptor = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except FileNotFoundError:

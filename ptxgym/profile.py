@@ -66,16 +66,14 @@ DETAIL_METRICS = {
 _ALL_FACTS = {**FACT_METRICS, **DETAIL_METRICS}
 # What the judge collects by default: both opcode metrics and the facts.
 PROFILE_METRICS = (THREAD_METRIC, WARP_METRIC, *FACT_METRICS.values())
+DEFAULT_TIMEOUT_S = 120.0
+EXIT_NOT_WANTED = 4  # the reader was not told to read before the judge went away
+_TAIL_CHARS = 1500
 
 
 def profile_metrics(details: bool = False) -> tuple[str, ...]:
     """The metrics a profile collects: the opcode counts and facts, plus the details if asked."""
     return PROFILE_METRICS + (tuple(DETAIL_METRICS.values()) if details else ())
-
-
-DEFAULT_TIMEOUT_S = 120.0
-EXIT_NOT_WANTED = 4  # the reader was not told to read before the judge went away
-_TAIL_CHARS = 1500
 
 
 @dataclass(frozen=True)
