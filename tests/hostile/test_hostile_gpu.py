@@ -62,7 +62,7 @@ class Bench:
     env: PTXKernelEnv
     secret: Secret
     canaries: Path
-    honest_speedup: float  # the median of three honest steps
+    honest_speedups: list[float]  # three honest steps before any attack
     files_before: dict[str, tuple[int, int]]
     runs: dict[str, Run] = field(default_factory=dict)
 
@@ -119,7 +119,7 @@ def bench(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bench]:
         env=env,
         secret=make_secret(tmp_path_factory.mktemp("hostile-secret")),
         canaries=canaries,
-        honest_speedup=statistics.median(float(i["outcome"]["speedup"]) for i in honest),
+        honest_speedups=[float(i["outcome"]["speedup"]) for i in honest],
         files_before=snapshot(),
     )
     env.close()
@@ -196,9 +196,19 @@ def test_attack_is_stopped(bench: Bench, attack: Attack) -> None:
 def test_the_next_step_is_unaffected(bench: Bench, attack: Attack) -> None:
     after = run_attack(bench, attack).after
     assert after["status"] == "PASSED", after["feedback"]
+    # The honest steps after every attack so far show a drift (the GPU's clock over minutes of
+    # load) apart from one disturbed step.
+    so_far = [
+        run.after["outcome"]["speedup"]
+        for run in bench.runs.values()
+        if run.after.get("outcome", {}).get("speedup") is not None
+    ]
     assert after["outcome"]["speedup"] == pytest.approx(
-        bench.honest_speedup, rel=SPEEDUP_TOLERANCE
-    ), f"after {attack.name}: {after['feedback']}"
+        statistics.median(bench.honest_speedups), rel=SPEEDUP_TOLERANCE
+    ), (
+        f"after {attack.name}: {after['feedback']}\nhonest speedups before the attacks: "
+        f"{bench.honest_speedups}; after each attack so far, in order: {so_far}"
+    )
 
 
 def test_no_file_outside_the_workers_folders_changed(bench: Bench) -> None:
