@@ -4,7 +4,8 @@ The GPU lock (``ptxgym.gpu_lock``) keeps timings apart from every stage that run
 a library; a process's start-up holds no lock. This benchmark is the evidence for such choices:
 it times cuBLAS's GEMM on the GEMM task's workload with the judge's protocol
 (``ptxgym.timing.Timer``, fresh inputs for every call) in this process, first with nothing else
-running, then while ``--processes`` background processes repeat one activity in a loop:
+running, then while ``--processes`` background processes repeat one activity in a loop
+(``--size`` and ``--protocol`` time a longer GEMM, or with the GPU tests' shorter protocol):
 
 - ``startup``: make a CUDA context (``ptxgym.gpus.make_context``), as workers and tool runs do;
 - ``startup-ncu``: the same under Nsight Compute (``--profile-from-start off``);
@@ -74,9 +75,12 @@ def background(command: list[str], until: float) -> None:
 
 
 class Victim:
-    """cuBLAS's GEMM on the GEMM task's first workload, timed with the judge's protocol."""
+    """cuBLAS's GEMM on the GEMM task's first workload (or ``size``³), timed with the judge's
+    protocol (or ``protocol``: warm-up calls, calls per trial, trials)."""
 
-    def __init__(self) -> None:
+    def __init__(
+        self, size: int | None = None, protocol: tuple[int, int, int] | None = None
+    ) -> None:
         import torch
 
         from ptxgym.gpus import make_context
@@ -88,9 +92,12 @@ class Victim:
         self.torch = torch
         self.task = get_task("PTX-H100-GEMM")
         workload = self.task.workloads[0]
-        self.workload = {"axes": workload.axes, "sequences": workload.sequences}
+        axes = dict.fromkeys(("M", "N", "K"), size) if size else dict(workload.axes)
+        self.workload = {"axes": axes, "sequences": workload.sequences}
         self.make_inputs = make_inputs
-        axes = workload.axes
+        self.protocol = (
+            dict(zip(("warmup", "iters", "trials"), protocol, strict=True)) if protocol else {}
+        )
         self.out = torch.empty((axes["M"], axes["N"]), dtype=torch.bfloat16, device="cuda")
         self.inputs: dict[str, Any] = {}
         self.timer = Timer()
@@ -103,7 +110,7 @@ class Victim:
         self.torch.matmul(self.inputs["A"], self.inputs["B"].t(), out=self.out)
 
     def measure(self) -> dict[str, Any]:
-        result = self.timer.measure(self._call, self._prepare)
+        result = self.timer.measure(self._call, self._prepare, **self.protocol)
         return {"latency_ms": result.latency_ms, "trials_ms": list(result.trial_medians_ms)}
 
 
@@ -113,13 +120,23 @@ def main() -> None:
     parser.add_argument("--processes", type=int, default=8, help="background processes")
     parser.add_argument("--seconds", type=float, default=20.0, help="per activity")
     parser.add_argument("--activities", nargs="+", choices=ACTIVITIES, default=list(ACTIVITIES))
+    parser.add_argument("--size", type=int, help="time an M = N = K GEMM of this size instead")
+    parser.add_argument(
+        "--protocol",
+        type=int,
+        nargs=3,
+        metavar=("WARMUP", "ITERS", "TRIALS"),
+        help="instead of the judge's (the GPU tests use 2 5 3)",
+    )
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    victim = Victim()
+    victim = Victim(args.size, args.protocol)
     results: dict[str, Any] = {
         "date": datetime.date.today().isoformat(),
         "gpu": victim.torch.cuda.get_device_name(0),
         "processes": args.processes,
+        "gemm": victim.workload["axes"],
+        "protocol": victim.protocol or "the judge's",
         "runs": [{"during": "nothing", **victim.measure()}],
     }
     folder = Path(tempfile.mkdtemp(prefix="ptxgym-disturbance-"))
@@ -153,7 +170,7 @@ def report(results: dict[str, Any]) -> None:
     spread = (max(quiet) - min(quiet)) / mean
     print(f"# Timing disturbance, {results['date']}, {results['gpu']}")
     print(
-        f"cuBLAS GEMM, the GEMM task's workload, the judge's protocol; "
+        f"cuBLAS GEMM {results['gemm']}, protocol {results['protocol']}; "
         f"{results['processes']} background processes per activity\n"
     )
     print("| during | latency ms | vs quiet mean |")
