@@ -6,8 +6,8 @@ trajectory and step), so every step really compiles, as in RL training. Measured
 
 - evaluations per hour at each concurrency (trajectories stepping at once, one env each, all
   sharing one GPU evaluator; ``--level-evaluations`` evaluations per level), with p50 step
-  latency, the p50 of each stage, and the GPU held alone (per evaluation, and as a share of the
-  level's wall time: the bound concurrency cannot raise);
+  latency, the p50 of each stage, the GPU held alone (per evaluation, and as a share of the
+  level's wall time: the bound concurrency cannot raise), and the machine's busy CPU cores;
 - whether the measured speedups move with concurrency (they must not: timings take turns);
 - workload reuse, for each task of ``--reuse`` with a kernel that solves it: the same sequential
   steps with the judge rebuilding each workload's inputs, references and baseline for every
@@ -24,6 +24,7 @@ import argparse
 import datetime
 import json
 import math
+import os
 import statistics
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -110,9 +111,17 @@ def p50_latency(records: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def busy_cpu_seconds() -> float:
+    """The machine's busy CPU seconds so far, all cores: the first line of /proc/stat (in clock
+    ticks) less idle and iowait, its fourth and fifth fields."""
+    fields = [int(value) for value in Path("/proc/stat").read_text().split("\n")[0].split()[1:]]
+    return (sum(fields) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
+
+
 def run_level(
     evaluator: LocalGPUEvaluator, task_id: str, source: str, trajectories: int, steps: int
 ) -> dict[str, Any]:
+    busy_before = busy_cpu_seconds()
     started = time.perf_counter()
     with ThreadPoolExecutor(max_workers=trajectories) as pool:
         futures = [
@@ -121,6 +130,7 @@ def run_level(
         ]
         records = [record for future in futures for record in future.result()]
     wall = time.perf_counter() - started
+    busy = busy_cpu_seconds() - busy_before
     speedups = [r["speedup"] for r in records if r["speedup"]]
     exclusive = [exclusive_s(r) for r in records]
     return {
@@ -132,6 +142,10 @@ def run_level(
         # the level is at the bound that concurrency cannot raise.
         "p50_exclusive_s": statistics.median(exclusive),
         "exclusive_share": sum(exclusive) / wall,
+        # The machine's busy cores over the level, beside the cores this process may use: near
+        # all of them, the stages that hold the GPU alone also wait for a CPU.
+        "busy_cores": busy / wall,
+        "cores": len(os.sched_getaffinity(0)),
         "statuses": sorted({r["status"] for r in records}),
         **p50_latency(records),
         "median_speedup": statistics.median(speedups) if speedups else None,
@@ -308,16 +322,17 @@ def report(results: dict[str, Any]) -> None:
 def report_levels(levels: list[dict[str, Any]]) -> None:
     print(
         "| trajectories | evaluations | wall s | evaluations/hour | p50 step s | median speedup "
-        "| p50 GPU alone s | GPU alone share |"
+        "| p50 GPU alone s | GPU alone share | busy cores |"
     )
-    print("|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|")
     base = levels[0]
     for level in levels:
         print(
             f"| {level['trajectories']} | {level['evaluations']} | {level['wall_s']:.1f} "
             f"| {level['per_hour']:.0f} ({level['per_hour'] / base['per_hour']:.2f}x) "
             f"| {level['p50_step_s']:.2f} | {level['median_speedup']:.4f} "
-            f"| {level['p50_exclusive_s']:.2f} | {level['exclusive_share']:.0%} |"
+            f"| {level['p50_exclusive_s']:.2f} | {level['exclusive_share']:.0%} "
+            f"| {level['busy_cores']:.1f} of {level['cores']} |"
         )
     print("\np50 seconds per stage:\n")
     print("| trajectories | " + " | ".join(STAGES) + " |")
