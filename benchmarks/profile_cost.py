@@ -27,6 +27,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -85,6 +86,7 @@ def profiled_calls(task_id: str, library: str, warm_up: bool) -> None:
     import torch
 
     from ptxgym.gpus import make_context
+    from ptxgym.single_call import profiled
     from ptxgym.worker import Entry, allocate_outputs, make_inputs
 
     make_context(0)
@@ -93,30 +95,27 @@ def profiled_calls(task_id: str, library: str, warm_up: bool) -> None:
     axes = {**task.definition.const_axes, **workload.axes}
     seconds: dict[str, float] = {}
 
-    def profiled(name: str, launch: Any) -> None:
-        torch.cuda.synchronize()
+    def timed(name: str, launch: Callable[[], object]) -> None:
+        torch.cuda.synchronize()  # earlier work (the inputs) is not the call's
         started = time.perf_counter()
-        torch.cuda.profiler.start()
-        launch()
-        torch.cuda.synchronize()
-        torch.cuda.profiler.stop()
+        profiled(launch)
         seconds[name] = time.perf_counter() - started
 
     if warm_up:
         ones = torch.ones(16, device="cuda")
-        profiled("warm_up", lambda: ones.add_(1))
+        timed("warm_up", lambda: ones.add_(1))
     entry = Entry(library, task)
     payload = {"axes": workload.axes, "sequences": workload.sequences}
     inputs = make_inputs(task, payload, 1, False)
     outputs = allocate_outputs(task, axes)
     stream = torch.cuda.Stream()
+
+    def launch() -> int:
+        with torch.cuda.stream(stream):
+            return entry(inputs, outputs, axes, stream.cuda_stream)
+
     for call in range(PROFILED_CALLS):
-
-        def launch() -> None:
-            with torch.cuda.stream(stream):
-                entry(inputs, outputs, axes, stream.cuda_stream)
-
-        profiled(f"call{call}", launch)
+        timed(f"call{call}", launch)
     print(_SECONDS_MARK + json.dumps(seconds), flush=True)
 
 

@@ -214,7 +214,8 @@ def main() -> None:
     # Workload reuse, per task: sequential steps of the correctness and timing stages alone (no
     # sanitizer or profile, whose cost does not depend on the state), with and without reuse.
     # The same cached build in both, so that only the evaluation differs.
-    reuse = {}
+    reuse: dict[str, Any] = {}
+    results["reuse"] = reuse
     for pair in args.reuse:
         task_id, example = pair.split("=", 1)
         example_source = Path(example).read_text()
@@ -235,9 +236,7 @@ def main() -> None:
             }
         per_setting["gain"] = per_setting["reuse"]["per_hour"] / per_setting["rebuild"]["per_hour"]
         reuse[task_id] = per_setting
-        results["reuse"] = reuse
         out.write_text(json.dumps(results, indent=1))
-    out.write_text(json.dumps(results, indent=1))
 
     levels = []
     for trajectories in args.concurrency:
@@ -296,18 +295,8 @@ def report(results: dict[str, Any]) -> None:
             f"{cached['p50_step_s']:.2f} s; p50 per stage: {stages}; the tool runs' parts and "
             f"the timing's: {calls}"
         )
-    print(
-        "\nWorkload reuse (correctness + timing only, sequential steps of one cached build; "
-        "rebuild = inputs, references and baseline built for every request):\n"
-    )
-    print("| task | example | with reuse /h | rebuilding /h | gain | p50 state s rebuilding |")
-    print("|---|---|---|---|---|---|")
-    for task_id, entry in results["reuse"].items():
-        print(
-            f"| {task_id} | {entry['example']} | {entry['reuse']['per_hour']:.0f} "
-            f"| {entry['rebuild']['per_hour']:.0f} | {entry['gain']:.2f}x "
-            f"| {statistics.median(entry['rebuild']['state_s']):.2f} |"
-        )
+    if results["reuse"]:
+        report_reuse(results["reuse"])
     if "gpu_efficiency" not in results:
         return
     efficiency = results["gpu_efficiency"]
@@ -317,6 +306,21 @@ def report(results: dict[str, Any]) -> None:
         f"evaluation is {efficiency['gpu_wall_s_per_evaluation']:.2f} s: "
         f"{efficiency['efficiency']:.1%}"
     )
+
+
+def report_reuse(reuse: dict[str, Any]) -> None:
+    print(
+        "\nWorkload reuse (correctness + timing only, sequential steps of one cached build; "
+        "rebuild = inputs, references and baseline built for every request):\n"
+    )
+    print("| task | example | with reuse /h | rebuilding /h | gain | p50 state s rebuilding |")
+    print("|---|---|---|---|---|---|")
+    for task_id, entry in reuse.items():
+        print(
+            f"| {task_id} | {entry['example']} | {entry['reuse']['per_hour']:.0f} "
+            f"| {entry['rebuild']['per_hour']:.0f} | {entry['gain']:.2f}x "
+            f"| {statistics.median(entry['rebuild']['state_s']):.2f} |"
+        )
 
 
 def report_levels(levels: list[dict[str, Any]]) -> None:

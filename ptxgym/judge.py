@@ -411,8 +411,8 @@ class Judge:
         states = [self.workload_state(task, w) for w in task.workloads]
         stages["state"] = time.perf_counter() - started
         # Tool runs for this evaluation's verdict, started ahead (their start-up overlaps the
-        # evaluation, or an earlier one); they touch the GPU only for their CUDA context
-        # before the word.
+        # evaluation, or an earlier one); before the word they only make their CUDA context,
+        # which launches nothing on the GPU.
         with self._mutex:
             self._in_flight += 1
             in_flight = self._in_flight
@@ -485,7 +485,7 @@ class Judge:
                     profile_run.call.wait_until_gpu_taken(_PROFILE_FIRST_WAIT_S)
             for kind, run in chosen.items():
                 futures[kind] = pool.submit(self._finish, run, job)
-            # Replacements start up while these run (they take the GPU only between timings).
+            # Replacements start up while these run (a start-up launches nothing on the GPU).
             with self._mutex:
                 in_flight = self._in_flight
             self.tool_runs.top_up(in_flight)

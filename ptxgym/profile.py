@@ -157,8 +157,9 @@ class PendingProfile:
     drops it."""
 
     def __init__(self, *, device: int, metrics: Sequence[str] = PROFILE_METRICS) -> None:
-        """Start the run on ``device``, collecting ``metrics`` (other sets than the judge's
-        are for measuring what each costs: benchmarks/profile_cost.py)."""
+        """Start the run on ``device``, collecting ``metrics`` (the judge's come from
+        ``profile_metrics``; other sets are for measuring what each costs:
+        benchmarks/profile_cost.py)."""
         self.failure: str | None = None
         self.call: PendingCall | None = None
         ncu = find_ncu()

@@ -23,11 +23,11 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from ptxgym.gpu_lock import holding, lock_path
 from ptxgym.gpus import make_context, physical_device
@@ -35,6 +35,7 @@ from ptxgym.isolation import limit_resources, python_environment, restrict_write
 from ptxgym.processes import POLL_S, ProcessGroup, wait_for_word
 from ptxgym.tasks import Task
 
+T = TypeVar("T")
 EXIT_ENTRY_FAILED = 3  # the entry point returned a CUDA error
 EXIT_NOT_WANTED = 4  # told to stop, or the judge went away, before the call
 # The line on which the program says where its seconds went (``call_seconds``).
@@ -175,17 +176,32 @@ def run_job(spec_path: str) -> int:
             outputs = allocate_outputs(task, axes)
             stream = torch.cuda.Stream()
             torch.cuda.synchronize()
-        with _stage(seconds, "call"):
-            torch.cuda.profiler.start()
+
+        def call_entry() -> int:
             with torch.cuda.stream(stream):
-                code = entry(inputs, outputs, axes, stream.cuda_stream)
-            torch.cuda.synchronize()
-            torch.cuda.profiler.stop()
+                return entry(inputs, outputs, axes, stream.cuda_stream)
+
+        with _stage(seconds, "call"):
+            code = profiled(call_entry)
     seconds["gpu_wait"] = waited
     seconds["gpu"] = time.perf_counter() - started - waited
     # Last, after anything the candidate printed: the judge reads the last such line.
     print(SECONDS_MARK + json.dumps(seconds), flush=True)
     return 0 if code == 0 else EXIT_ENTRY_FAILED
+
+
+def profiled(launch: Callable[[], T]) -> T:
+    """``launch()`` between ``cudaProfilerStart`` and ``cudaProfilerStop``, with the GPU idle
+    before and after: a profiler started with ``--profile-from-start off`` sees its launches and
+    nothing else."""
+    import torch
+
+    torch.cuda.synchronize()
+    torch.cuda.profiler.start()
+    result = launch()
+    torch.cuda.synchronize()
+    torch.cuda.profiler.stop()
+    return result
 
 
 @contextmanager

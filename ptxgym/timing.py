@@ -128,9 +128,8 @@ def device_spans_ms(
     API call (``api``: [(start, correlation id)]) started inside the bracket, in ms. A bracket
     that launched no device work is charged its host time.
 
-    The API records are sorted once and each bracket's are found by bisection: a measurement has
-    thousands of them (every runtime and driver call of the preparation between the calls), and
-    a scan of all of them per bracket grows with the product of the two counts."""
+    The API records are sorted once and each bracket's are found by bisection, not by a scan of
+    all of them per bracket, which grows with the product of the two counts."""
     ordered = sorted(api)
     starts = [start for start, _ in ordered]
     spans = []
@@ -250,9 +249,9 @@ class Timer:
     def _timed_by_cupti(
         self, call: Callable[[int], None], prepare: Callable[[int], None], first: int, count: int
     ) -> tuple[list[float], bool]:
-        """``count`` calls from index ``first``, each bracketed by CUPTI timestamps, with the
-        activity recorded once over all of them: one flush and one pass over the records, where a
-        session per trial made three."""
+        """``count`` calls from index ``first``, each bracketed by CUPTI timestamps: device work
+        recorded over all of them, API calls only inside the brackets, and the records read once
+        at the end."""
         assert self.cupti is not None
         reset_ok = True
         brackets = []
