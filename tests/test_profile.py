@@ -146,10 +146,10 @@ def load_report(path):
 """
 
 
-def test_report_is_read_through_the_report_interface(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # The fake ncu records its arguments and writes the report file named after --export.
+@pytest.fixture
+def recording_ncu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A fake ncu that records its arguments and writes the report file named after --export;
+    the file its arguments go to."""
     ncu = _fake_ncu(
         tmp_path,
         'echo "$@" > "$(dirname "$0")/args"\n'
@@ -157,6 +157,10 @@ def test_report_is_read_through_the_report_interface(
         _FAKE_REPORT_MODULE,
     )
     monkeypatch.setenv("PTXGYM_NCU", str(ncu))
+    return tmp_path / "args"
+
+
+def test_report_is_read_through_the_report_interface(recording_ncu: Path) -> None:
     result = profile_candidate(H100, "/nonexistent.so", WORKLOAD, 1, device=0)
     assert result.ok, result.reason
     assert result.thread_counts == {"HGMMA": 384, "FFMA": 7}
@@ -168,7 +172,7 @@ def test_report_is_read_through_the_report_interface(
         ),
         KernelFacts("epilogue"),
     )
-    arguments = (tmp_path / "args").read_text()
+    arguments = recording_ncu.read_text()
     for expected in (
         "--profile-from-start off",
         "--clock-control none",
@@ -182,17 +186,10 @@ def test_report_is_read_through_the_report_interface(
     assert not any(metric in arguments for metric in DETAIL_METRICS.values())
 
 
-def test_details_are_collected_on_request(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    ncu = _fake_ncu(
-        tmp_path,
-        'echo "$@" > "$(dirname "$0")/args"\n'
-        'while [ "$1" != "--export" ]; do shift; done; printf report > "$2"',
-        _FAKE_REPORT_MODULE,
-    )
-    monkeypatch.setenv("PTXGYM_NCU", str(ncu))
+def test_details_are_collected_on_request(recording_ncu: Path) -> None:
     result = profile_candidate(H100, "/nonexistent.so", WORKLOAD, 1, device=0, details=True)
     assert result.ok, result.reason
-    metrics = (tmp_path / "args").read_text().split("--metrics ")[1].split()[0].split(",")
+    metrics = recording_ncu.read_text().split("--metrics ")[1].split()[0].split(",")
     assert set(metrics) == {*PROFILE_METRICS, *DETAIL_METRICS.values()}
 
 
