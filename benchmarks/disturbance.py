@@ -1,19 +1,25 @@
-"""Does GPU-side work that holds no GPU lock move a timing?
+"""Does GPU work in other processes move a timing, with and without the GPU lock?
 
-The GPU lock (``ptxgym.gpu_lock``) keeps timings apart from every stage that runs a candidate or
-a library; a process's start-up holds no lock. This benchmark is the evidence for such choices:
-it times cuBLAS's GEMM on the GEMM task's workload with the judge's protocol
-(``ptxgym.timing.Timer``, fresh inputs for every call) in this process, first with nothing else
+The GPU lock (``ptxgym.gpu_lock``) gives every timing its GPU alone; everything else of ours that
+touches the GPU holds it shared. This benchmark is the evidence for that split: it times cuBLAS's
+GEMM on the GEMM task's workload with the judge's protocol (``ptxgym.timing.Timer``, fresh inputs
+for every call), holding the GPU exclusively as the judge's timings do, first with nothing else
 running, then while ``--processes`` background processes repeat one activity in a loop
-(``--size`` and ``--protocol`` time a longer GEMM, or with the GPU tests' shorter protocol):
+(``--size`` and ``--protocol`` time a longer GEMM, or with the GPU tests' shorter protocol).
 
-- ``startup``: make a CUDA context (``ptxgym.gpus.make_context``), as workers and tool runs do;
+Without the lock (what the lock keeps out; each a fresh Python process per loop):
+
+- ``startup``: make a CUDA context (``ptxgym.gpus.make_context``) and exit;
 - ``startup-ncu``: the same under Nsight Compute (``--profile-from-start off``);
 - ``startup-memcheck``: the same under compute-sanitizer memcheck;
-- ``profiler-warm-up``: under Nsight Compute with the judge's metrics, profile one trivial
-  kernel. Nsight Compute's first profiled kernel in a process costs about a second, later ones a
-  tenth of that (docs/benchmarks.md, sixth session); a profile run could pay it ahead of its
-  word, if that does not move timings.
+- ``profiler-warm-up``: under Nsight Compute with the judge's metrics, profile one trivial kernel
+  (``ptxgym.single_call.warm_up_profiler``) and exit.
+
+With the lock, as the judge runs them (``ptxgym.profile.PendingProfile`` and
+``ptxgym.sanitizer.PendingSanitizer`` on the example kernel, start-up to exit):
+
+- ``profile-runs``: whole profile runs, warm-up included;
+- ``memcheck-runs``: whole memcheck runs.
 
 Each activity is measured twice, with a quiet measurement after it. Reported: each latency and
 its deviation from the mean of the quiet ones, and the quiet ones' own spread. Run on a GPU host:
@@ -33,18 +39,19 @@ import time
 from pathlib import Path
 from typing import Any
 
-ACTIVITIES = ("startup", "startup-ncu", "startup-memcheck", "profiler-warm-up")
+UNLOCKED = ("startup", "startup-ncu", "startup-memcheck", "profiler-warm-up")
+LOCKED = ("profile-runs", "memcheck-runs")
+ACTIVITIES = UNLOCKED + LOCKED
 # What a background process runs, once per loop, as its own Python program.
 _STARTUP = "from ptxgym.gpus import make_context; make_context(0)"
 _WARM_UP = (
-    "import torch; from ptxgym.gpus import make_context; make_context(0); "
-    "x = torch.ones(16, device='cuda'); torch.cuda.profiler.start(); x.add_(1); "
-    "torch.cuda.synchronize(); torch.cuda.profiler.stop()"
+    "from ptxgym.gpus import make_context; from ptxgym.single_call import warm_up_profiler; "
+    "make_context(0); warm_up_profiler()"
 )
 
 
-def activity_command(activity: str, report: Path) -> list[str]:
-    """The command a background process repeats for ``activity``."""
+def unlocked_command(activity: str, report: Path) -> list[str]:
+    """The command a background process repeats for an activity of ``UNLOCKED``."""
     from ptxgym.profile import PROFILE_METRICS, find_ncu
     from ptxgym.sanitizer import find_compute_sanitizer
 
@@ -68,27 +75,47 @@ def activity_command(activity: str, report: Path) -> list[str]:
     ]
 
 
-def background(command: list[str], until: float) -> None:
-    """Run ``command`` again and again until the clock passes ``until``."""
+def background(activity: str, argument: str, until: float) -> None:
+    """Repeat ``activity`` until the clock passes ``until``: an unlocked one runs the command
+    ``argument`` (JSON); a locked one runs the judge's tool run on the library ``argument``."""
+    if activity in UNLOCKED:
+        command = json.loads(argument)
+        while time.time() < until:
+            subprocess.run(command, capture_output=True, check=False)
+        return
+    from ptxgym.profile import PendingProfile
+    from ptxgym.sanitizer import PendingSanitizer
+    from ptxgym.single_call import CallJob
+    from ptxgym.tasks import get_task
+
+    task = get_task("PTX-H100-GEMM")
+    workload = task.workloads[0]
+    job = CallJob(task, argument, {"axes": workload.axes, "sequences": workload.sequences}, 1)
     while time.time() < until:
-        subprocess.run(command, capture_output=True, check=False)
+        run = PendingProfile(device=0) if activity == "profile-runs" else PendingSanitizer(device=0)
+        result = run.finish(job)
+        if not result.ok:
+            print(f"{activity}: {result.reason}", file=sys.stderr)
 
 
 class Victim:
     """cuBLAS's GEMM on the GEMM task's first workload (or ``size``³), timed with the judge's
-    protocol (or ``protocol``: warm-up calls, calls per trial, trials)."""
+    protocol (or ``protocol``: warm-up calls, calls per trial, trials), holding the GPU alone."""
 
     def __init__(
         self, size: int | None = None, protocol: tuple[int, int, int] | None = None
     ) -> None:
         import torch
 
+        from ptxgym.gpu_lock import shared_gpu
         from ptxgym.gpus import make_context
         from ptxgym.tasks import get_task
         from ptxgym.timing import Timer
         from ptxgym.worker import make_inputs
 
-        make_context(0)
+        with shared_gpu(0):
+            make_context(0)
+            self.timer = Timer()
         self.torch = torch
         self.task = get_task("PTX-H100-GEMM")
         workload = self.task.workloads[0]
@@ -100,7 +127,6 @@ class Victim:
         )
         self.out = torch.empty((axes["M"], axes["N"]), dtype=torch.bfloat16, device="cuda")
         self.inputs: dict[str, Any] = {}
-        self.timer = Timer()
 
     def _prepare(self, index: int) -> None:
         self.torch.cuda.synchronize()
@@ -110,8 +136,26 @@ class Victim:
         self.torch.matmul(self.inputs["A"], self.inputs["B"].t(), out=self.out)
 
     def measure(self) -> dict[str, Any]:
-        result = self.timer.measure(self._call, self._prepare, **self.protocol)
-        return {"latency_ms": result.latency_ms, "trials_ms": list(result.trial_medians_ms)}
+        from ptxgym.gpu_lock import exclusive_gpu
+
+        with exclusive_gpu(0) as waited:
+            result = self.timer.measure(self._call, self._prepare, **self.protocol)
+        return {
+            "latency_ms": result.latency_ms,
+            "trials_ms": list(result.trial_medians_ms),
+            "gpu_wait_s": waited,
+        }
+
+
+def compile_example(example: Path) -> str:
+    """The example kernel's library, for the locked activities' tool runs."""
+    from ptxgym.compiler import compile_source
+    from ptxgym.tasks import get_task
+
+    build = compile_source(example.read_text(), get_task("PTX-H100-GEMM"))
+    if not build.ok or build.library is None:
+        raise SystemExit(f"the example did not compile:\n{build.log}")
+    return build.library
 
 
 def main() -> None:
@@ -120,6 +164,7 @@ def main() -> None:
     parser.add_argument("--processes", type=int, default=8, help="background processes")
     parser.add_argument("--seconds", type=float, default=20.0, help="per activity")
     parser.add_argument("--activities", nargs="+", choices=ACTIVITIES, default=list(ACTIVITIES))
+    parser.add_argument("--example", type=Path, default=Path("examples/expert/gemm.cu"))
     parser.add_argument("--size", type=int, help="time an M = N = K GEMM of this size instead")
     parser.add_argument(
         "--protocol",
@@ -131,6 +176,7 @@ def main() -> None:
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     victim = Victim(args.size, args.protocol)
+    library = compile_example(args.example) if set(args.activities) & set(LOCKED) else ""
     results: dict[str, Any] = {
         "date": datetime.date.today().isoformat(),
         "gpu": victim.torch.cuda.get_device_name(0),
@@ -142,19 +188,19 @@ def main() -> None:
     folder = Path(tempfile.mkdtemp(prefix="ptxgym-disturbance-"))
     for activity in args.activities:
         until = time.time() + args.seconds
-        workers = [
-            subprocess.Popen(
-                [
-                    sys.executable,
-                    __file__,
-                    "--background",
-                    json.dumps(activity_command(activity, folder / f"{activity}-{i}")),
-                    str(until),
-                ]
+        workers = []
+        for index in range(args.processes):
+            argument = (
+                json.dumps(unlocked_command(activity, folder / f"{activity}-{index}"))
+                if activity in UNLOCKED
+                else library
             )
-            for i in range(args.processes)
-        ]
-        time.sleep(min(5.0, args.seconds / 4))  # the loops are going
+            workers.append(
+                subprocess.Popen(
+                    [sys.executable, __file__, "--background", activity, argument, str(until)]
+                )
+            )
+        time.sleep(min(8.0, args.seconds / 3))  # the loops are going
         for _ in range(2):
             results["runs"].append({"during": activity, **victim.measure()})
         for worker in workers:
@@ -170,19 +216,25 @@ def report(results: dict[str, Any]) -> None:
     spread = (max(quiet) - min(quiet)) / mean
     print(f"# Timing disturbance, {results['date']}, {results['gpu']}")
     print(
-        f"cuBLAS GEMM {results['gemm']}, protocol {results['protocol']}; "
+        f"cuBLAS GEMM {results['gemm']}, protocol {results['protocol']}, holding the GPU alone; "
         f"{results['processes']} background processes per activity\n"
     )
-    print("| during | latency ms | vs quiet mean |")
-    print("|---|---|---|")
+    print("| during | GPU lock | latency ms | vs quiet mean | waited for the GPU s |")
+    print("|---|---|---|---|---|")
     for run in results["runs"]:
         deviation = run["latency_ms"] / mean - 1
-        print(f"| {run['during']} | {run['latency_ms']:.4f} | {deviation:+.2%} |")
+        lock = (
+            "shared" if run["during"] in LOCKED else "-" if run["during"] == "nothing" else "none"
+        )
+        print(
+            f"| {run['during']} | {lock} | {run['latency_ms']:.4f} | {deviation:+.2%} "
+            f"| {run['gpu_wait_s']:.2f} |"
+        )
     print(f"\nQuiet measurements: {len(quiet)}, spread (max − min) / mean {spread:.2%}")
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 4 and sys.argv[1] == "--background":
-        background(json.loads(sys.argv[2]), float(sys.argv[3]))
+    if len(sys.argv) == 5 and sys.argv[1] == "--background":
+        background(sys.argv[2], sys.argv[3], float(sys.argv[4]))
     else:
         main()

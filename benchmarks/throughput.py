@@ -86,13 +86,14 @@ def trajectory(
 TOOL_CALL_STAGES = tuple(
     f"{tool}_{part}"
     for tool in ("memcheck", "profile")
-    for part in ("context", "ready", "gpu_wait", "load", "inputs", "call", "gpu")
+    for part in ("context", "warm_up", "ready", "gpu_wait", "load", "inputs", "call", "gpu")
 ) + tuple(f"timing_{phase}" for phase in TIMING_PHASES)
 
 
-# The stages during which an evaluation holds the GPU alone (ptxgym.gpu_lock): one GPU can do
-# at most 3600 / (their sum) evaluations per hour, whatever the concurrency.
-EXCLUSIVE_STAGES = ("correctness", "timing", "memcheck_gpu", "racecheck_gpu", "profile_gpu")
+# The stages during which an evaluation holds the GPU alone (ptxgym.gpu_lock; the tool runs hold
+# it shared): one GPU can do at most 3600 / (their sum) evaluations per hour, whatever the
+# concurrency.
+EXCLUSIVE_STAGES = ("correctness", "timing")
 
 
 def exclusive_s(record: dict[str, Any]) -> float:
@@ -149,6 +150,10 @@ def run_level(
         "statuses": sorted({r["status"] for r in records}),
         **p50_latency(records),
         "median_speedup": statistics.median(speedups) if speedups else None,
+        # The speedups' standard deviation over their mean: does concurrency add noise?
+        "speedup_spread": (
+            statistics.stdev(speedups) / statistics.fmean(speedups) if len(speedups) > 1 else 0.0
+        ),
         "speedups": speedups,
         "latency_ms": statistics.median(r["latency_ms"] for r in records if r["latency_ms"]),
         "qualified": sorted({str(r["qualified"]) for r in records}),
@@ -326,16 +331,16 @@ def report_reuse(reuse: dict[str, Any]) -> None:
 def report_levels(levels: list[dict[str, Any]]) -> None:
     print(
         "| trajectories | evaluations | wall s | evaluations/hour | p50 step s | median speedup "
-        "| p50 GPU alone s | GPU alone share | busy cores |"
+        "| speedup spread | p50 GPU alone s | GPU alone share | busy cores |"
     )
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     base = levels[0]
     for level in levels:
         print(
             f"| {level['trajectories']} | {level['evaluations']} | {level['wall_s']:.1f} "
             f"| {level['per_hour']:.0f} ({level['per_hour'] / base['per_hour']:.2f}x) "
             f"| {level['p50_step_s']:.2f} | {level['median_speedup']:.4f} "
-            f"| {level['p50_exclusive_s']:.2f} | {level['exclusive_share']:.0%} "
+            f"| {level['speedup_spread']:.2%} | {level['p50_exclusive_s']:.2f} | {level['exclusive_share']:.0%} "
             f"| {level['busy_cores']:.1f} of {level['cores']} |"
         )
     print("\np50 seconds per stage:\n")

@@ -29,7 +29,7 @@ from typing import Any
 from ptxgym import channel
 from ptxgym.baselines import baseline_key, cached_baseline, store_baseline
 from ptxgym.correctness import CheckReport, check_outputs
-from ptxgym.gpu_lock import exclusive_gpu
+from ptxgym.gpu_lock import exclusive_gpu, lock_path, shared_gpu
 from ptxgym.gpus import make_context, visible_gpus
 from ptxgym.outcome import Status
 from ptxgym.profile import DEFAULT_TIMEOUT_S as DEFAULT_PROFILE_TIMEOUT_S
@@ -54,9 +54,6 @@ _LOG_TAIL_CHARS = 2000
 # A worker's start (Python, torch, CUDA context, CUPTI) takes seconds, more on a busy host; it is
 # ours, not the candidate's, so it has its own deadline, independent of the stage timeout.
 _WORKER_START_TIMEOUT_S = 120.0
-# How long the sanitizers' words wait for the profile to take the GPU first (it is waiting with
-# its CUDA context made, so this is normally milliseconds).
-_PROFILE_FIRST_WAIT_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -188,7 +185,7 @@ class _Worker:
         self.conn, child = context.Pipe()
         self.process = context.Process(
             target=worker_main,
-            args=(child, device, str(self.log_path), str(self.home)),
+            args=(child, device, str(self.log_path), str(self.home), str(lock_path(device))),
             daemon=True,
         )
         self.process.start()
@@ -216,6 +213,8 @@ class _Worker:
         return text[-_LOG_TAIL_CHARS:].strip()
 
     def kill(self) -> None:
+        """End the process and wait until it is gone (its CUDA context with it: the caller
+        holds the GPU, exclusively or shared)."""
         if self.process.is_alive():
             self.process.kill()
         self.process.join(timeout=10)
@@ -250,8 +249,9 @@ class Judge:
         self.torch = torch
         self.device = device
         self.settings = settings
-        make_context(device)  # launches nothing: needs no GPU lock
-        self.timer = Timer()
+        with shared_gpu(device):  # a context made beside a timing moves it (ptxgym.gpu_lock)
+            make_context(device)
+            self.timer = Timer()
         self.context = multiprocessing.get_context("spawn")
         self.folder = Path(tempfile.mkdtemp(prefix="ptxgym-judge-"))
         # Least recently used first; evicted beyond settings.state_budget_bytes.
@@ -304,14 +304,14 @@ class Judge:
         try:
             worker.wait_ready(_WORKER_START_TIMEOUT_S)
         except (channel.ChannelError, _Timeout, EOFError, OSError):
-            worker.kill()
+            self._discard(worker)
             worker = _Worker(self.context, self.device, self.folder)
             try:
                 worker.wait_ready(_WORKER_START_TIMEOUT_S)
             except (channel.ChannelError, _Timeout, EOFError, OSError) as exc:
                 # Ours, not the candidate's: say what the worker said before it ended.
                 log = worker.log_tail()
-                worker.kill()
+                self._discard(worker)
                 reason = "no answer in time" if isinstance(exc, _Timeout) else repr(exc)
                 raise WorkerStartError(
                     f"a worker failed to start twice ({reason}); its output: {log or '(none)'}"
@@ -467,8 +467,8 @@ class Judge:
         self, task: Task, library: str, state: _WorkloadState, status: Status
     ) -> tuple[tuple[SanitizerReport, ...], InstructionProfile | None]:
         """Run the tools this status calls for on the first workload's first trial inputs, all
-        at once (their GPU parts take turns under the GPU lock). A profile is run for a pass,
-        and kept by the caller only if memcheck agrees."""
+        at once (sharing the GPU: ptxgym.gpu_lock). A profile is run for a pass, and kept by
+        the caller only if memcheck agrees."""
         wanted = self._tools(status)
         if not wanted:
             return (), None
@@ -477,12 +477,7 @@ class Judge:
         chosen = {kind: self.tool_runs.take(kind) for kind in wanted}
         with ThreadPoolExecutor(max_workers=len(chosen)) as pool:
             futures = {}
-            # The profile has the GPU first: its report is written and read after its call, and
-            # the sanitizers' calls fit in that time, where before it they would only delay it.
-            if profile_run := chosen.pop("profile", None):
-                futures["profile"] = pool.submit(self._finish, profile_run, job)
-                if profile_run.call is not None:
-                    profile_run.call.wait_until_gpu_taken(_PROFILE_FIRST_WAIT_S)
+            # They share the GPU (ptxgym.gpu_lock): only timings need it alone.
             for kind, run in chosen.items():
                 futures[kind] = pool.submit(self._finish, run, job)
             # Replacements start up while these run (a start-up launches nothing on the GPU).
@@ -742,11 +737,16 @@ class Judge:
         summary = "; ".join(f"{o.name}: {o.detail}" for o in bad)
         return Verdict(status, f"{report.workload}/{report.stage}: {summary}", checks)
 
+    def _discard(self, worker: _Worker) -> None:
+        """End a worker that holds no job, holding the GPU shared for its context's teardown."""
+        with shared_gpu(self.device):
+            worker.kill()
+
     def close(self) -> None:
         with self._mutex:
             spares, self.spares = self.spares, []
         for worker in spares:
-            worker.kill()
+            self._discard(worker)
         self.tool_runs.close()
         shutil.rmtree(self.folder, ignore_errors=True)
 

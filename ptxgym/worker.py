@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ptxgym import channel
+from ptxgym.gpu_lock import holding
 from ptxgym.gpus import make_context
 from ptxgym.isolation import confine, seal
 from ptxgym.tasks import Task
@@ -115,7 +116,7 @@ def error_name(code: int) -> str:
         return f"error {code}"
 
 
-def worker_main(conn: Connection, device: int, log_path: str, home: str) -> None:
+def worker_main(conn: Connection, device: int, log_path: str, home: str, gpu_lock: str) -> None:
     """Process entry: set up, report ready, serve one job, exit."""
     log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     os.dup2(log, 1)
@@ -126,10 +127,12 @@ def worker_main(conn: Connection, device: int, log_path: str, home: str) -> None
     isolation = confine(Path(home))
     faulthandler.enable()
 
-    # CUDA and CUPTI start without the GPU lock: they launch nothing on the GPU. The judge holds
-    # the GPU alone for this worker from the job on (correctness and timing).
-    make_context(device)
-    timer = Timer()
+    # CUDA and CUPTI start sharing the GPU: a context made beside a timing moves it
+    # (ptxgym.gpu_lock). The judge holds the GPU alone for this worker from the job on
+    # (correctness and timing) until the worker is gone.
+    with holding(Path(gpu_lock), exclusive=False):
+        make_context(device)
+        timer = Timer()
     # CUDA, torch and CUPTI are up: from here on no new processes, no signals to others, no
     # sockets but the judge's kind (ptxgym.seccomp), for the candidate's code and ours alike.
     isolation["system_calls_filtered"] = seal(network=False)

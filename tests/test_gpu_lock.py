@@ -1,5 +1,5 @@
-"""The GPU lock on the CPU: holders alone, across processes and threads, and first come first
-served within a process."""
+"""The GPU lock on the CPU: exclusive holders alone and first come first served, across processes
+and threads; shared holders together, never with an exclusive one, which goes before later ones."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from ptxgym.gpu_lock import exclusive_gpu, lock_path
+from ptxgym.gpu_lock import exclusive_gpu, holding, lock_path
 
 
 def _hold(cache: str, locks: str, log: str, label: str) -> None:
@@ -73,3 +73,56 @@ def _take(index: int, served: list[int]) -> None:
     with exclusive_gpu(0) as waited:
         assert waited >= 0
         served.append(index)
+
+
+def test_shared_holders_overlap_and_never_meet_an_exclusive_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PTXGYM_LOCK_DIR", str(tmp_path / "locks"))
+    inside: list[str] = []
+    mutex = threading.Lock()
+    overlaps: list[tuple[str, ...]] = []
+
+    def hold(label: str, exclusive: bool) -> None:
+        with holding(lock_path(0), exclusive=exclusive):
+            with mutex:
+                inside.append(label)
+                overlaps.append(tuple(inside))
+            time.sleep(0.2)
+            with mutex:
+                inside.remove(label)
+
+    readers = [threading.Thread(target=hold, args=(f"r{i}", False)) for i in range(3)]
+    for reader in readers:
+        reader.start()
+    time.sleep(0.05)
+    writer = threading.Thread(target=hold, args=("w", True))
+    writer.start()
+    for thread in [*readers, writer]:
+        thread.join(timeout=30)
+    assert max(len(seen) for seen in overlaps) == 3  # the three shared holders were in at once
+    assert ("w",) in overlaps  # and the exclusive one was alone
+
+
+def test_a_waiting_exclusive_holder_goes_before_later_shared_ones(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PTXGYM_LOCK_DIR", str(tmp_path / "locks"))
+    order: list[str] = []
+
+    def hold(label: str, exclusive: bool, seconds: float) -> None:
+        with holding(lock_path(0), exclusive=exclusive):
+            order.append(label)
+            time.sleep(seconds)
+
+    first = threading.Thread(target=hold, args=("first shared", False, 0.3))
+    first.start()
+    time.sleep(0.05)
+    writer = threading.Thread(target=hold, args=("exclusive", True, 0.1))
+    writer.start()
+    time.sleep(0.05)
+    late = threading.Thread(target=hold, args=("late shared", False, 0.0))
+    late.start()
+    for thread in (first, writer, late):
+        thread.join(timeout=30)
+    assert order == ["first shared", "exclusive", "late shared"]

@@ -208,7 +208,7 @@ lock = Path(sys.argv[2])
 with holding(lock):  # made before, as the judge makes it before it starts a worker
     pass
 confine(Path(sys.argv[1]))
-with holding(lock):  # the single-call run's call
+with holding(lock, exclusive=False):  # the single-call run's start-up
     pass
 print("locked")
 """
