@@ -2,8 +2,7 @@
 
 Run on a GPU host: ``python benchmarks/profile_cost.py --out DIR``. The example kernel is
 compiled once; ``--repeats`` profile runs per metric set are all started together and given
-time to make their CUDA contexts under Nsight Compute and profile their warm-up kernel (as the
-judge's runs started ahead have),
+time to make their CUDA contexts under Nsight Compute (as the judge's runs started ahead have),
 then each is handed the job in turn, alone on the GPU. Reported per set, as medians: the call
 under the tool (its replays), the GPU part around it (the candidate's library and inputs), the
 tail (the program's exit and the report's writing), the report's reading, and the whole from
@@ -14,8 +13,7 @@ cost alone.
 Then, with the judge's set, what a run's *first* profiled kernel costs against later ones: one
 Nsight Compute run of a program that calls the candidate three times, each between
 ``cudaProfilerStart`` and ``cudaProfilerStop``; and one whose program first profiles a trivial
-kernel of its own (``ptxgym.single_call.warm_up_profiler``, as the judge's runs do ahead of
-their word).
+kernel of its own (a warm-up a run could do ahead of its word).
 
 Prints markdown for docs/benchmarks.md and writes OUT/profile_cost.json.
 """
@@ -58,7 +56,7 @@ METRIC_SETS: dict[str, tuple[str, ...]] = {
         "sm__sass_inst_executed_op_tma_ld.sum",
     ),
 }
-CONTEXT_WAIT_S = 60.0  # for every waiting run to have made its context and profiled its warm-up
+CONTEXT_WAIT_S = 40.0  # for every waiting run to have made its context under the tool
 PROFILED_CALLS = 3
 _SECONDS_MARK = "profiled-call-seconds "
 
@@ -77,7 +75,6 @@ def record(result: InstructionProfile) -> dict[str, Any]:
         "tail": result.seconds - gpu - result.read_seconds,
         "read": result.read_seconds,
         "context_before_word": call.get("context"),
-        "warm_up_before_word": call.get("warm_up"),
         "ready_before_word": call.get("ready"),
     }
 
@@ -89,7 +86,7 @@ def profiled_calls(task_id: str, library: str, warm_up: bool) -> None:
     import torch
 
     from ptxgym.gpus import make_context
-    from ptxgym.single_call import profiled, warm_up_profiler
+    from ptxgym.single_call import profiled
     from ptxgym.worker import Entry, allocate_outputs, make_inputs
 
     make_context(0)
@@ -105,10 +102,8 @@ def profiled_calls(task_id: str, library: str, warm_up: bool) -> None:
         seconds[name] = time.perf_counter() - started
 
     if warm_up:
-        torch.cuda.synchronize()
-        started = time.perf_counter()
-        warm_up_profiler()
-        seconds["warm_up"] = time.perf_counter() - started
+        ones = torch.ones(16, device="cuda")
+        timed("warm_up", lambda: ones.add_(1))
     entry = Entry(library, task)
     payload = {"axes": workload.axes, "sequences": workload.sequences}
     inputs = make_inputs(task, payload, 1, False)

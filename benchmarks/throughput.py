@@ -86,14 +86,13 @@ def trajectory(
 TOOL_CALL_STAGES = tuple(
     f"{tool}_{part}"
     for tool in ("memcheck", "profile")
-    for part in ("context", "warm_up", "ready", "gpu_wait", "load", "inputs", "call", "gpu")
+    for part in ("context", "ready", "gpu_wait", "load", "inputs", "call", "gpu")
 ) + tuple(f"timing_{phase}" for phase in TIMING_PHASES)
 
 
-# The stages during which an evaluation holds the GPU alone (ptxgym.gpu_lock; the tool runs hold
-# it shared): one GPU can do at most 3600 / (their sum) evaluations per hour, whatever the
-# concurrency.
-EXCLUSIVE_STAGES = ("correctness", "timing")
+# The stages during which an evaluation holds the GPU alone (ptxgym.gpu_lock): one GPU can do
+# at most 3600 / (their sum) evaluations per hour, whatever the concurrency.
+EXCLUSIVE_STAGES = ("correctness", "timing", "memcheck_gpu", "racecheck_gpu", "profile_gpu")
 
 
 def exclusive_s(record: dict[str, Any]) -> float:
@@ -340,7 +339,8 @@ def report_levels(levels: list[dict[str, Any]]) -> None:
             f"| {level['trajectories']} | {level['evaluations']} | {level['wall_s']:.1f} "
             f"| {level['per_hour']:.0f} ({level['per_hour'] / base['per_hour']:.2f}x) "
             f"| {level['p50_step_s']:.2f} | {level['median_speedup']:.4f} "
-            f"| {level['speedup_spread']:.2%} | {level['p50_exclusive_s']:.2f} | {level['exclusive_share']:.0%} "
+            f"| {level['speedup_spread']:.2%} | {level['p50_exclusive_s']:.2f} "
+            f"| {level['exclusive_share']:.0%} "
             f"| {level['busy_cores']:.1f} of {level['cores']} |"
         )
     print("\np50 seconds per stage:\n")

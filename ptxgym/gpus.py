@@ -54,9 +54,10 @@ def physical_device(device: int) -> str:
 
 def make_context(device: int) -> None:
     """Make this process's CUDA context on ``device`` and make it torch's current device,
-    launching nothing on the GPU (no kernel, copy or memset): a start-up like this does not
-    disturb a timing, so it holds no GPU lock (``ptxgym.gpu_lock``). Under a tool (Nsight
-    Compute, compute-sanitizer) the tool's injection loads here too."""
+    launching nothing of ours on the GPU (no kernel, copy or memset). The driver's own work for
+    a new context still moves a long kernel's timing in another process, so callers hold the GPU
+    shared (``ptxgym.gpu_lock``). Under a tool (Nsight Compute, compute-sanitizer) the tool's
+    injection loads here too."""
     import torch
 
     torch.cuda.set_device(device)

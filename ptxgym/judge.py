@@ -54,6 +54,9 @@ _LOG_TAIL_CHARS = 2000
 # A worker's start (Python, torch, CUDA context, CUPTI) takes seconds, more on a busy host; it is
 # ours, not the candidate's, so it has its own deadline, independent of the stage timeout.
 _WORKER_START_TIMEOUT_S = 120.0
+# How long the sanitizers' words wait for the profile to take the GPU first (it is waiting with
+# its CUDA context made, so this is normally milliseconds).
+_PROFILE_FIRST_WAIT_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -213,8 +216,8 @@ class _Worker:
         return text[-_LOG_TAIL_CHARS:].strip()
 
     def kill(self) -> None:
-        """End the process and wait until it is gone (its CUDA context with it: the caller
-        holds the GPU, exclusively or shared)."""
+        """End the process and wait until it is gone, its CUDA context with it (a teardown is
+        GPU work: the caller holds the GPU, alone or shared)."""
         if self.process.is_alive():
             self.process.kill()
         self.process.join(timeout=10)
@@ -412,7 +415,7 @@ class Judge:
         stages["state"] = time.perf_counter() - started
         # Tool runs for this evaluation's verdict, started ahead (their start-up overlaps the
         # evaluation, or an earlier one); before the word they only make their CUDA context,
-        # which launches nothing on the GPU.
+        # holding the GPU shared.
         with self._mutex:
             self._in_flight += 1
             in_flight = self._in_flight
@@ -467,8 +470,8 @@ class Judge:
         self, task: Task, library: str, state: _WorkloadState, status: Status
     ) -> tuple[tuple[SanitizerReport, ...], InstructionProfile | None]:
         """Run the tools this status calls for on the first workload's first trial inputs, all
-        at once (sharing the GPU: ptxgym.gpu_lock). A profile is run for a pass, and kept by
-        the caller only if memcheck agrees."""
+        at once (their GPU parts take turns under the GPU lock). A profile is run for a pass,
+        and kept by the caller only if memcheck agrees."""
         wanted = self._tools(status)
         if not wanted:
             return (), None
@@ -477,10 +480,15 @@ class Judge:
         chosen = {kind: self.tool_runs.take(kind) for kind in wanted}
         with ThreadPoolExecutor(max_workers=len(chosen)) as pool:
             futures = {}
-            # They share the GPU (ptxgym.gpu_lock): only timings need it alone.
+            # The profile has the GPU first: its report is written and read after its call, and
+            # the sanitizers' calls fit in that time, where before it they would only delay it.
+            if profile_run := chosen.pop("profile", None):
+                futures["profile"] = pool.submit(self._finish, profile_run, job)
+                if profile_run.call is not None:
+                    profile_run.call.wait_until_gpu_taken(_PROFILE_FIRST_WAIT_S)
             for kind, run in chosen.items():
                 futures[kind] = pool.submit(self._finish, run, job)
-            # Replacements start up while these run (a start-up launches nothing on the GPU).
+            # Replacements start up while these run (their contexts wait for the GPU shared).
             with self._mutex:
                 in_flight = self._in_flight
             self.tool_runs.top_up(in_flight)

@@ -60,8 +60,7 @@ class Outcome:
     (compile, state, worker_start, gpu_wait, correctness, timing, memcheck, racecheck, profile,
     and profile_read: the part of profile spent reading its report). Each tool run also says
     where its call's seconds went: ``memcheck_context``, ``memcheck_gpu_wait`` and
-    ``memcheck_gpu`` (likewise for racecheck and profile, whose runs also say ``profile_warm_up``;
-    ``single_call.call_seconds``).
+    ``memcheck_gpu`` (likewise for racecheck and profile; ``single_call.call_seconds``).
     ``isolation``: which confinement steps took effect in the worker (network_isolated,
     writes_confined, system_calls_filtered; see ptxgym.isolation).
     """

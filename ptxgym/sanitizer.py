@@ -117,7 +117,7 @@ class PendingSanitizer:
             errors,
             findings,
             seconds=time.perf_counter() - started,
-            call_seconds={**call_seconds(output), "gpu_wait": self.call.gpu_wait},
+            call_seconds=call_seconds(output),
         )
 
     def cancel(self) -> None:

@@ -8,14 +8,10 @@ candidate once between ``cudaProfilerStart`` and ``cudaProfilerStop`` (so a prof
 
 Most of such a run is start-up (the tool, Python, torch, the CUDA context under the tool), so the
 judge keeps runs started ahead of need (``PendingCall``), not yet bound to a candidate, as it
-keeps workers. A waiting run has made its CUDA context; a profile run has also profiled a trivial
-kernel of its own (``warm_up_profiler``), which pays Nsight Compute's set-up ahead of need. Then
-it does nothing until the word: ``go``, with the job (the candidate's library, its task and input
-set), or ``stop``. After ``go`` it loads the candidate, makes the inputs and calls it. Every part
-that touches the GPU holds it shared (``ptxgym.gpu_lock``: never during a timing): the program
-holds it for its start-up, and the judge from the word until the program has ended, since the
-context's teardown at its end is GPU work too. Runs share the GPU with each other: only timings
-need it alone. It runs with a scrubbed environment in a
+keeps workers. A waiting run has made its CUDA context (holding the GPU shared:
+``ptxgym.gpu_lock``), and does nothing else until the word: ``go``, with the job
+(the candidate's library, its task and input set), or ``stop``. After ``go`` it holds the GPU alone
+to load the candidate, make the inputs and call it. It runs with a scrubbed environment in a
 folder of its own, and gives up waiting when the judge is gone.
 """
 
@@ -36,7 +32,7 @@ from typing import Any, TypeVar
 from ptxgym.gpu_lock import holding, lock_path
 from ptxgym.gpus import make_context, physical_device
 from ptxgym.isolation import limit_resources, python_environment, restrict_writes, seal
-from ptxgym.processes import ProcessGroup, wait_for_word
+from ptxgym.processes import POLL_S, ProcessGroup, wait_for_word
 from ptxgym.tasks import Task
 
 T = TypeVar("T")
@@ -44,10 +40,7 @@ EXIT_ENTRY_FAILED = 3  # the entry point returned a CUDA error
 EXIT_NOT_WANTED = 4  # told to stop, or the judge went away, before the call
 # The line on which the program says where its seconds went (``call_seconds``).
 SECONDS_MARK = "ptxgym-single-call-seconds "
-# Part of the name of the kernel ``warm_up_profiler`` profiles (torch's elementwise add), by which
-# the report reader tells it from the candidate's.
-WARM_UP_KERNEL = "elementwise_kernel"
-_SECONDS_KEYS = ("context", "warm_up", "ready", "load", "inputs", "call", "gpu")
+_SECONDS_KEYS = ("context", "ready", "gpu_wait", "load", "inputs", "call", "gpu")
 
 
 @dataclass(frozen=True)
@@ -74,28 +67,25 @@ class PendingCall:
     """A single-call program started under a tool ahead of need, not yet bound to a candidate:
     ``run`` hands it a job and the word; ``cancel`` drops it."""
 
-    def __init__(self, *, device: int, prefix: str, warm_up_profiler: bool = False) -> None:
-        """``warm_up_profiler``: the program profiles a kernel of its own before it waits for
-        the word (for a run under Nsight Compute: ``warm_up_profiler``)."""
+    def __init__(self, *, device: int, prefix: str) -> None:
         self.folder = Path(tempfile.mkdtemp(prefix=prefix))
         self.device = device
         self._go = self.folder / "go"
         self._stop = self.folder / "stop"
         self._job = self.folder / "job.json"
-        self._gpu_lock = lock_path(device)
+        self._taken = self.folder / "gpu-taken"
         spec = {
-            "gpu_lock": str(self._gpu_lock),
+            "gpu_lock": str(lock_path(device)),
             "go": str(self._go),
             "stop": str(self._stop),
             "job": str(self._job),
+            "taken": str(self._taken),
             "judge_pid": os.getpid(),
-            "warm_up_profiler": warm_up_profiler,
         }
         spec_path = self.folder / "spec.json"
         spec_path.write_text(json.dumps(spec))
         self.program = [sys.executable, "-m", "ptxgym.single_call", str(spec_path)]
         self.group: ProcessGroup | None = None
-        self.gpu_wait = 0.0  # seconds ``run`` waited to hold the GPU shared
 
     def start(self, command: list[str], environment: Mapping[str, str] | None = None) -> None:
         """Start ``command`` (the tool, ending with ``self.program``) in a scrubbed environment
@@ -112,14 +102,18 @@ class PendingCall:
 
     def run(self, job: CallJob, timeout_s: float) -> tuple[int | None, str]:
         """Hand over the job, give the word, and wait for the end: exit code (None past the
-        deadline) and output. The GPU is held shared from the word until the program's group
-        has ended (its call and its context's teardown)."""
+        deadline) and output."""
         assert self.group is not None, "start() first"
         self._job.write_text(job.to_json())  # complete before the word: the program reads it then
-        with holding(self._gpu_lock, exclusive=False) as waited:
-            self.gpu_wait = waited
-            self._go.touch()
-            return self.group.wait(timeout_s)
+        self._go.touch()
+        return self.group.wait(timeout_s)
+
+    def wait_until_gpu_taken(self, timeout_s: float) -> None:
+        """Return once the program holds the GPU alone for its call (or has ended, or
+        ``timeout_s`` passed): another run given its word after this one queues behind it."""
+        deadline = time.monotonic() + timeout_s
+        while not self._taken.exists() and self.alive and time.monotonic() < deadline:
+            time.sleep(POLL_S)
 
     @property
     def alive(self) -> bool:
@@ -131,7 +125,7 @@ class PendingCall:
         GPU shared: the teardown of the context it may have made is GPU work)."""
         self._stop.touch()
         if self.group is not None:
-            with holding(self._gpu_lock, exclusive=False):
+            with holding(lock_path(self.device), exclusive=False):
                 self.group.kill()
 
     def close(self) -> None:
@@ -150,19 +144,16 @@ def run_job(spec_path: str) -> int:
 
     from ptxgym.worker import Entry, allocate_outputs, make_inputs
 
+    gpu_lock = Path(spec["gpu_lock"])
     # The start-up (Python, torch, the driver with the tool's injection, the CUDA context under
-    # the tool, a profile run's warm-up) happens ahead of need, so that after the word only the
-    # call is left. Its GPU part holds the GPU shared: a context made in another process moves
-    # a long kernel's timing (ptxgym.gpu_lock). Nothing else touches the GPU before the word:
-    # inputs made ahead, by every waiting run, held the GPU long enough to keep timings waiting
-    # (docs/benchmarks.md, fourth session), and no candidate code is loaded before it.
+    # the tool) happens ahead of need, so that after the word only the call is left. The
+    # context is made holding the GPU shared: a context made beside a timing moves it
+    # (ptxgym.gpu_lock). Nothing else touches the GPU before the word: inputs made ahead, by
+    # every waiting run, held the GPU long enough to keep timings waiting (docs/benchmarks.md,
+    # fourth session), and no candidate code is loaded before it.
     seconds: dict[str, float] = {}
-    with holding(Path(spec["gpu_lock"]), exclusive=False):
-        with _stage(seconds, "context"):
-            make_context(0)  # the run sees only its GPU (CUDA_VISIBLE_DEVICES)
-        if spec["warm_up_profiler"]:
-            with _stage(seconds, "warm_up"):
-                warm_up_profiler()
+    with _stage(seconds, "context"), holding(gpu_lock, exclusive=False):
+        make_context(0)  # the run sees only its GPU (CUDA_VISIBLE_DEVICES)
     # The tools talk to this process over sockets, so those stay; the rest of the filter holds.
     seal(network=True)
     # Writes only in this call's folder from here on (the tool's own processes write the report).
@@ -174,8 +165,13 @@ def run_job(spec_path: str) -> int:
     task = Task.model_validate(job["task"])
     workload = job["workload"]
     axes = {**task.definition.const_axes, **workload["axes"]}
-    # The judge holds the GPU shared for this part (PendingCall.run).
-    with _stage(seconds, "gpu"):
+    # The call has the GPU to itself. Nsight Compute and compute-sanitizer do not overlap well:
+    # on the H200, runs sharing the GPU made a step slower, not faster (docs/benchmarks.md,
+    # third session).
+    started = time.perf_counter()
+    with holding(gpu_lock) as waited:
+        # Said before any of the candidate's code is loaded, so the candidate cannot say it.
+        Path(spec["taken"]).touch()
         with _stage(seconds, "load"):
             entry = Entry(job["library"], task)
         with _stage(seconds, "inputs"):
@@ -190,6 +186,8 @@ def run_job(spec_path: str) -> int:
 
         with _stage(seconds, "call"):
             code = profiled(call_entry)
+    seconds["gpu_wait"] = waited
+    seconds["gpu"] = time.perf_counter() - started - waited
     # Last, after anything the candidate printed: the judge reads the last such line.
     print(SECONDS_MARK + json.dumps(seconds), flush=True)
     return 0 if code == 0 else EXIT_ENTRY_FAILED
@@ -209,19 +207,6 @@ def profiled(launch: Callable[[], T]) -> T:
     return result
 
 
-def warm_up_profiler() -> None:
-    """Profile one trivial kernel of our own (torch's elementwise add on 16 numbers,
-    ``WARM_UP_KERNEL``). Nsight Compute's first profiled kernel in a process costs about a
-    second of set-up and later ones a tenth of that (docs/benchmarks.md, sixth session), so a
-    profile run pays it here, before its word. It holds no GPU lock: a timing beside it does
-    not move (``benchmarks/disturbance.py``, seventh session). The report's first kernel is then
-    this one, which the reader drops."""
-    import torch
-
-    numbers = torch.ones(16, device="cuda")
-    profiled(lambda: numbers.add_(1))
-
-
 @contextmanager
 def _stage(seconds: dict[str, float], name: str) -> Iterator[None]:
     started = time.perf_counter()
@@ -232,13 +217,13 @@ def _stage(seconds: dict[str, float], name: str) -> Iterator[None]:
 def call_seconds(output: str) -> dict[str, float]:
     """Where a run's seconds went, from the last line it printed for the judge. Before the
     word: ``context`` (loading the driver with the tool's injection and making the CUDA context
-    under the tool, waiting for the GPU shared included), ``warm_up`` (a profile run's
-    ``warm_up_profiler``) and ``ready`` (waiting for the word; about 0 when the start-up itself
-    kept the judge waiting). After it: ``gpu``, made of ``load`` (the candidate's library),
-    ``inputs`` (its inputs and outputs) and ``call`` (the call under the tool: for the profile,
-    its replays). The judge adds ``gpu_wait`` (``PendingCall.gpu_wait``). Empty when there is
-    no such line (the run failed before its end). For the stage breakdown only: nothing is
-    judged on it."""
+    under the tool, waiting for the GPU shared included) and ``ready`` (waiting for the word;
+    about 0 when the start-up itself kept the judge waiting). After it: ``gpu_wait`` (waiting
+    to have the GPU alone) and ``gpu`` (holding it), made of ``load`` (the candidate's
+    library), ``inputs`` (its inputs and outputs) and ``call`` (the call under the tool: for
+    the profile, its replays). Empty when
+    there is no such line (the run failed before its end). For the stage breakdown only:
+    nothing is judged on it."""
     for line in reversed(output.splitlines()):
         if line.startswith(SECONDS_MARK):
             try:

@@ -208,7 +208,9 @@ lock = Path(sys.argv[2])
 with holding(lock):  # made before, as the judge makes it before it starts a worker
     pass
 confine(Path(sys.argv[1]))
-with holding(lock, exclusive=False):  # the single-call run's start-up
+with holding(lock, exclusive=False):  # a worker's start-up, confined before CUDA starts
+    pass
+with holding(lock):  # the single-call run's call
     pass
 print("locked")
 """

@@ -30,7 +30,7 @@ GEMM = get_task("PTX-H100-GEMM")
 # A stand-in tool: waits for the word in the job, leaves a mark saying which word came (in the
 # folder above the job's, which outlives it), then reports as the real tool would.
 _STAND_IN = """#!{python}
-import fcntl, json, os, sys, time
+import json, os, sys, time
 from pathlib import Path
 spec = json.loads(Path(sys.argv[-1]).read_text())
 marks = Path({marks!r})
@@ -45,21 +45,16 @@ while True:
         break
     time.sleep(0.01)
 (marks / (name + ".went")).write_text(Path(spec["job"]).read_text())
-time.sleep({hold})  # the program's work after the word
-# Could a timing have the GPU now? Not while the judge holds it shared for this run.
-lock = os.open(spec["gpu_lock"], os.O_RDONLY)
-try:
-    fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    held = False
-except BlockingIOError:
-    held = True
-(marks / (name + ".gpu-held")).write_text(str(held))
+(marks / (name + ".went-at")).write_text(str(time.monotonic()))
+time.sleep({hold})  # the program's start-up after the word, before it has the GPU
+Path(spec["taken"]).touch()
+(marks / (name + ".taken-at")).write_text(str(time.monotonic()))
 {report}
 """
 
 _MEMCHECK_REPORT = (
     'print("ptxgym-single-call-seconds "\n'
-    '      "{\\"context\\": 0.5, \\"gpu\\": 1.0}")\n'
+    '      "{\\"context\\": 0.5, \\"gpu_wait\\": 0.25, \\"gpu\\": 1.0}")\n'
     'print("========= COMPUTE-SANITIZER\\n========= ERROR SUMMARY: 0 errors")'
 )
 # The stand-in ncu writes the report named after --export; the stand-in reader reads it.
@@ -143,10 +138,7 @@ def test_a_crash_runs_memcheck_and_keeps_the_profile_waiting(judge: Judge, tmp_p
     sanitizers, profile = judge._finish_tools(GEMM, "/x.so", _state(), Status.RUNTIME_ERROR)
     (memcheck,) = sanitizers
     assert memcheck.tool == "memcheck" and memcheck.ok and memcheck.clean
-    # The program's own seconds, and the judge's wait for the GPU (shared) before the word.
-    assert memcheck.call_seconds.keys() == {"context", "gpu", "gpu_wait"}
-    assert memcheck.call_seconds["context"] == 0.5 and memcheck.call_seconds["gpu"] == 1.0
-    assert 0 <= memcheck.call_seconds["gpu_wait"] < 5
+    assert memcheck.call_seconds == {"context": 0.5, "gpu_wait": 0.25, "gpu": 1.0}
     assert profile is None
     (went,) = _marks(tmp_path, "went")
     assert went.name.startswith("compute-sanitizer-")
@@ -165,10 +157,10 @@ def test_a_pass_runs_both_and_a_hang_runs_neither(judge: Judge, tmp_path: Path) 
     assert profile is not None and not profile.ok
     assert "stand-in reader" in profile.reason
     assert sorted(p.name.split("-")[0] for p in _marks(tmp_path, "went")) == ["compute", "ncu"]
-    # Both ran at once, each with the GPU held shared by the judge from its word on: no
-    # timing could have had it meanwhile.
-    held = _marks(tmp_path, "gpu-held")
-    assert len(held) == 2 and all(mark.read_text() == "True" for mark in held)
+    # The profile has the GPU first: memcheck got its word only once the profile held it.
+    (ncu_taken,) = (p for p in _marks(tmp_path, "taken-at") if p.name.startswith("ncu-"))
+    (memcheck_went,) = (p for p in _marks(tmp_path, "went-at") if p.name.startswith("compute-"))
+    assert float(memcheck_went.read_text()) >= float(ncu_taken.read_text())
     assert judge._finish_tools(GEMM, "/x.so", _state(), Status.TIMEOUT) == ((), None)
     assert len(_marks(tmp_path, "went")) == 2
 
@@ -214,8 +206,8 @@ def test_the_program_waits_for_go_and_gives_up_on_stop_or_a_dead_judge(tmp_path:
 def test_the_last_seconds_line_of_a_run_is_the_one_read() -> None:
     from ptxgym.single_call import SECONDS_MARK, call_seconds
 
-    fake = SECONDS_MARK + json.dumps({"context": 0.0, "gpu": 0.0})
-    parts = {"context": 1.5, "warm_up": 0.5, "load": 0.1, "inputs": 0.2}
+    fake = SECONDS_MARK + json.dumps({"context": 0.0, "gpu_wait": 0.0, "gpu": 0.0})
+    parts = {"context": 1.5, "gpu_wait": 0.5, "load": 0.1, "inputs": 0.2}
     real = SECONDS_MARK + json.dumps({**parts, "call": 1.5, "gpu": 2.0, "other": 9.0})
     # A candidate may print a line of its own; the program's comes after the call returned.
     # Only the program's own keys are read.
