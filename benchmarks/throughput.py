@@ -86,7 +86,7 @@ def trajectory(
 TOOL_CALL_STAGES = tuple(
     f"{tool}_{part}"
     for tool in ("memcheck", "profile")
-    for part in ("context", "ready", "gpu_wait", "load", "inputs", "call", "gpu")
+    for part in ("driver", "context", "ready", "gpu_wait", "load", "inputs", "call", "gpu")
 ) + tuple(f"timing_{phase}" for phase in TIMING_PHASES)
 
 

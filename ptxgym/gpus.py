@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import os
 import shutil
 import subprocess
@@ -52,12 +54,24 @@ def physical_device(device: int) -> str:
     return visible.split(",")[device].strip()
 
 
+def initialize_driver() -> None:
+    """Load and initialise the CUDA driver (``cuInit``) without making a context.
+
+    A tool's injection library (Nsight Compute, compute-sanitizer) loads here, which takes
+    longer than the context itself; none of it runs on the GPU, so it need not wait for, or
+    hold, the GPU lock (``ptxgym.gpu_lock``): only the context that follows does. A failure is
+    left for the context's creation to report, in CUDA's own words.
+    """
+    with contextlib.suppress(OSError):  # no driver here: the context's creation says so
+        ctypes.CDLL("libcuda.so.1").cuInit(0)
+
+
 def make_context(device: int) -> None:
     """Make this process's CUDA context on ``device`` and make it torch's current device,
     launching nothing of ours on the GPU (no kernel, copy or memset). The driver's own work for
     a new context still moves a long kernel's timing in another process, so callers hold the GPU
     shared (``ptxgym.gpu_lock``). Under a tool (Nsight Compute, compute-sanitizer) the tool's
-    injection loads here too."""
+    injection loads here too, unless ``initialize_driver`` loaded it before."""
     import torch
 
     torch.cuda.set_device(device)

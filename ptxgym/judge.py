@@ -216,8 +216,7 @@ class _Worker:
         return text[-_LOG_TAIL_CHARS:].strip()
 
     def kill(self) -> None:
-        """End the process and wait until it is gone, its CUDA context with it (a teardown is
-        GPU work: the caller holds the GPU, alone or shared)."""
+        """End the process and wait until it is gone, its CUDA context with it."""
         if self.process.is_alive():
             self.process.kill()
         self.process.join(timeout=10)
@@ -307,14 +306,14 @@ class Judge:
         try:
             worker.wait_ready(_WORKER_START_TIMEOUT_S)
         except (channel.ChannelError, _Timeout, EOFError, OSError):
-            self._discard(worker)
+            worker.kill()
             worker = _Worker(self.context, self.device, self.folder)
             try:
                 worker.wait_ready(_WORKER_START_TIMEOUT_S)
             except (channel.ChannelError, _Timeout, EOFError, OSError) as exc:
                 # Ours, not the candidate's: say what the worker said before it ended.
                 log = worker.log_tail()
-                self._discard(worker)
+                worker.kill()
                 reason = "no answer in time" if isinstance(exc, _Timeout) else repr(exc)
                 raise WorkerStartError(
                     f"a worker failed to start twice ({reason}); its output: {log or '(none)'}"
@@ -745,16 +744,11 @@ class Judge:
         summary = "; ".join(f"{o.name}: {o.detail}" for o in bad)
         return Verdict(status, f"{report.workload}/{report.stage}: {summary}", checks)
 
-    def _discard(self, worker: _Worker) -> None:
-        """End a worker that holds no job, holding the GPU shared for its context's teardown."""
-        with shared_gpu(self.device):
-            worker.kill()
-
     def close(self) -> None:
         with self._mutex:
             spares, self.spares = self.spares, []
         for worker in spares:
-            self._discard(worker)
+            worker.kill()
         self.tool_runs.close()
         shutil.rmtree(self.folder, ignore_errors=True)
 

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from ptxgym.gpu_lock import holding, lock_path
-from ptxgym.gpus import make_context, physical_device
+from ptxgym.gpus import initialize_driver, make_context, physical_device
 from ptxgym.isolation import limit_resources, python_environment, restrict_writes, seal
 from ptxgym.processes import POLL_S, ProcessGroup, wait_for_word
 from ptxgym.tasks import Task
@@ -40,7 +40,7 @@ EXIT_ENTRY_FAILED = 3  # the entry point returned a CUDA error
 EXIT_NOT_WANTED = 4  # told to stop, or the judge went away, before the call
 # The line on which the program says where its seconds went (``call_seconds``).
 SECONDS_MARK = "ptxgym-single-call-seconds "
-_SECONDS_KEYS = ("context", "ready", "gpu_wait", "load", "inputs", "call", "gpu")
+_SECONDS_KEYS = ("driver", "context", "ready", "gpu_wait", "load", "inputs", "call", "gpu")
 
 
 @dataclass(frozen=True)
@@ -121,12 +121,10 @@ class PendingCall:
         return self.group is not None and self.group.process.poll() is None
 
     def cancel(self) -> None:
-        """Tell the program the call is not wanted, and make sure the group is gone (holding the
-        GPU shared: the teardown of the context it may have made is GPU work)."""
+        """Tell the program the call is not wanted, and make sure the group is gone."""
         self._stop.touch()
         if self.group is not None:
-            with holding(lock_path(self.device), exclusive=False):
-                self.group.kill()
+            self.group.kill()
 
     def close(self) -> None:
         """Cancel if still waiting, and remove the folder (with anything the tool wrote)."""
@@ -152,6 +150,8 @@ def run_job(spec_path: str) -> int:
     # every waiting run, held the GPU long enough to keep timings waiting (docs/benchmarks.md,
     # fourth session), and no candidate code is loaded before it.
     seconds: dict[str, float] = {}
+    with _stage(seconds, "driver"):  # outside the lock: loading it puts nothing on the GPU
+        initialize_driver()
     with _stage(seconds, "context"), holding(gpu_lock, exclusive=False):
         make_context(0)  # the run sees only its GPU (CUDA_VISIBLE_DEVICES)
     # The tools talk to this process over sockets, so those stay; the rest of the filter holds.
@@ -216,14 +216,14 @@ def _stage(seconds: dict[str, float], name: str) -> Iterator[None]:
 
 def call_seconds(output: str) -> dict[str, float]:
     """Where a run's seconds went, from the last line it printed for the judge. Before the
-    word: ``context`` (loading the driver with the tool's injection and making the CUDA context
-    under the tool, waiting for the GPU shared included) and ``ready`` (waiting for the word;
-    about 0 when the start-up itself kept the judge waiting). After it: ``gpu_wait`` (waiting
-    to have the GPU alone) and ``gpu`` (holding it), made of ``load`` (the candidate's
-    library), ``inputs`` (its inputs and outputs) and ``call`` (the call under the tool: for
-    the profile, its replays). Empty when
-    there is no such line (the run failed before its end). For the stage breakdown only:
-    nothing is judged on it."""
+    word: ``driver`` (loading the driver and the tool's injection, outside the GPU lock),
+    ``context`` (making the CUDA context under the tool, waiting for the GPU shared included)
+    and ``ready`` (waiting for the word; about 0 when the start-up itself kept the judge
+    waiting). After it: ``gpu_wait`` (waiting to have the GPU alone) and ``gpu`` (holding it),
+    made of ``load`` (the candidate's library), ``inputs`` (its inputs and outputs) and
+    ``call`` (the call under the tool: for the profile, its replays). Empty when there is no
+    such line (the run failed before its end). For the stage breakdown only: nothing is judged
+    on it."""
     for line in reversed(output.splitlines()):
         if line.startswith(SECONDS_MARK):
             try:

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from ptxgym import channel
 from ptxgym.gpu_lock import holding
-from ptxgym.gpus import make_context
+from ptxgym.gpus import initialize_driver, make_context
 from ptxgym.isolation import confine, seal
 from ptxgym.tasks import Task
 from ptxgym.timing import Timer
@@ -130,6 +130,7 @@ def worker_main(conn: Connection, device: int, log_path: str, home: str, gpu_loc
     # CUDA and CUPTI start sharing the GPU: a context made beside a timing moves it
     # (ptxgym.gpu_lock). The judge holds the GPU alone for this worker from the job on
     # (correctness and timing) until the worker is gone.
+    initialize_driver()  # outside the lock: loading the driver puts nothing on the GPU
     with holding(Path(gpu_lock), exclusive=False):
         make_context(device)
         timer = Timer()
