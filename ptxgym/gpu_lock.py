@@ -1,18 +1,17 @@
 """Timings never share a GPU with other work of ours, across every process on the machine.
 
-A timing (a worker's correctness and timing stages, a workload's references and baseline) holds
-its GPU **exclusively**: nothing else of ours puts work on it meanwhile. Everything else of ours
-that touches the GPU holds it **shared**: any number at once, but never during a timing. That is
-every CUDA start-up (making a context: the judge's, a worker's, a tool run's, and a profile run's
-warm-up kernel) and every tool run's call of a candidate, from its word to its process's end
-(the context's teardown included). A context made or torn down in another process moves a long
-kernel's timing: on the H200, a 42-ms GEMM timed (2 warm-up calls, 3 trials of 5) while eight
-processes made and dropped contexts in a loop was up to 5.8 % slower, and up to 9 % while they
-profiled a trivial kernel under Nsight Compute (docs/benchmarks.md, seventh session); a 1.4-ms
-one with the judge's 3 trials of 50 did not move. The CPU parts around them (compiling, starting
-processes, importing torch, reading reports) hold nothing and overlap freely. Exclusive holders
-are preferred: once one waits, new shared holders wait behind it, so timings are never starved
-by a stream of tool runs.
+A timing (a worker's correctness and timing stages, a workload's references and baseline) and a
+tool's one call of a candidate (the sanitizer's, the profiler's) hold their GPU **exclusively**:
+nothing else of ours puts work on it meanwhile. Making a CUDA context (the judge's, a worker's, a
+tool run's) holds it **shared**: any number at once, but never beside an exclusive holder. A
+context made in another process moves a long kernel's timing, though it launches nothing of
+ours: on the H200, a 42-ms GEMM timed with 2 warm-up calls and 3 trials of 5 while eight
+processes made contexts in a loop, with no lock, was up to 5.8 % slower (docs/benchmarks.md,
+seventh session); a 1.4-ms one timed with the judge's 3 trials of 50 did not move. The CPU
+parts around them (compiling, starting processes, loading the driver and a tool's injection,
+importing torch, reading reports) hold nothing and overlap freely. Exclusive holders are
+preferred: once one waits, new shared holders wait behind it, so timings are never starved by a
+stream of start-ups.
 
 The lock is a pair of ``flock``s on files named after the physical GPU, in one folder for the
 whole machine (``paths.lock_dir``: not the cache folder, which differs between users, test
