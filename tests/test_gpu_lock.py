@@ -1,9 +1,11 @@
 """The GPU lock on the CPU: exclusive holders alone and first come first served, across processes
-and threads; shared holders together, never with an exclusive one, which goes before later ones."""
+and threads; shared holders together, never with an exclusive one, which goes before later ones;
+and the start-ups of workers and tool runs make their CUDA context holding the GPU shared."""
 
 from __future__ import annotations
 
 import multiprocessing
+import sys
 import threading
 import time
 from pathlib import Path
@@ -126,3 +128,72 @@ def test_a_waiting_exclusive_holder_goes_before_later_shared_ones(
     for thread in (first, writer, late):
         thread.join(timeout=30)
     assert order == ["first shared", "exclusive", "late shared"]
+
+
+# A stand-in for ``make_context`` in a start-up: writes to its standard output whether a timing
+# could have the GPU now (an exclusive lock refused: someone holds it), then ends the process.
+# The lock's path is read before the start-up scrubs the environment.
+_LOCK_FILE: list[str] = []
+
+
+def _probe_lock(device: int) -> None:
+    import fcntl
+    import os
+
+    descriptor = os.open(_LOCK_FILE[0], os.O_RDONLY)
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        os.write(1, b"gpu free\n")
+    except BlockingIOError:
+        os.write(1, b"gpu held\n")
+    os._exit(0)
+
+
+def _start_up(target: object, args: tuple[object, ...]) -> None:
+    """Run a start-up in a forked child (which inherits the stand-in) and wait for its end."""
+    process = multiprocessing.get_context("fork").Process(target=target, args=args)
+    process.start()
+    process.join(timeout=60)
+    assert process.exitcode == 0
+
+
+def test_a_worker_makes_its_context_holding_the_gpu(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from ptxgym import worker
+
+    monkeypatch.setenv("PTXGYM_LOCK_DIR", str(tmp_path / "locks"))
+    with holding(lock_path(0), exclusive=False):
+        pass  # the judge makes the lock's files before it starts workers
+    monkeypatch.setattr(worker, "make_context", _probe_lock)
+    monkeypatch.setattr(sys.modules[__name__], "_LOCK_FILE", [str(lock_path(0))])
+    log = tmp_path / "worker.log"
+    parent, child = multiprocessing.get_context("fork").Pipe()
+    _start_up(worker.worker_main, (child, 0, str(log), str(tmp_path / "home"), str(lock_path(0))))
+    assert log.read_text().splitlines()[-1] == "gpu held"
+
+
+def test_a_tool_run_makes_its_context_holding_the_gpu(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import json
+    import os
+
+    from ptxgym import single_call
+
+    monkeypatch.setenv("PTXGYM_LOCK_DIR", str(tmp_path / "locks"))
+    with holding(lock_path(0), exclusive=False):
+        pass
+    monkeypatch.setattr(single_call, "make_context", _probe_lock)
+    monkeypatch.setattr(sys.modules[__name__], "_LOCK_FILE", [str(lock_path(0))])
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps({"gpu_lock": str(lock_path(0))}))
+    output = tmp_path / "out"
+
+    def run() -> None:
+        descriptor = os.open(output, os.O_WRONLY | os.O_CREAT, 0o600)
+        os.dup2(descriptor, 1)
+        single_call.run_job(str(spec))
+
+    _start_up(run, ())
+    assert output.read_text().splitlines()[-1] == "gpu held"
