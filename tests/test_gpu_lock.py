@@ -168,7 +168,7 @@ def test_a_worker_makes_its_context_holding_the_gpu(
     monkeypatch.setattr(worker, "make_context", _probe_lock)
     monkeypatch.setattr(sys.modules[__name__], "_LOCK_FILE", [str(lock_path(0))])
     log = tmp_path / "worker.log"
-    parent, child = multiprocessing.get_context("fork").Pipe()
+    _judge_end, child = multiprocessing.get_context("fork").Pipe()  # kept open meanwhile
     _start_up(worker.worker_main, (child, 0, str(log), str(tmp_path / "home"), str(lock_path(0))))
     assert log.read_text().splitlines()[-1] == "gpu held"
 
