@@ -113,8 +113,9 @@ def _turnstile(path: Path) -> Path:
 @contextmanager
 def _locked(path: Path, operation: int) -> Iterator[None]:
     # O_CLOEXEC: processes started while it is held (workers, compilers) must not inherit it.
-    # Read-only when the file exists (flock needs no write access): a worker whose writes are
-    # confined to its own folder (ptxgym.landlock) takes the lock too.
+    # Read-only when the file exists (flock needs no write access): a process whose writes are
+    # confined to its own folder (ptxgym.landlock), as a worker's and a single-call program's
+    # are, takes the lock too.
     try:
         descriptor = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except FileNotFoundError:
