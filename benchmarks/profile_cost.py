@@ -87,6 +87,7 @@ def profiled_calls(task_id: str, library: str, warm_up: bool) -> None:
 
     from ptxgym.gpus import make_context
     from ptxgym.single_call import profiled
+    from ptxgym.timing import seconds_into
     from ptxgym.worker import Entry, allocate_outputs, make_inputs
 
     make_context(0)
@@ -97,9 +98,8 @@ def profiled_calls(task_id: str, library: str, warm_up: bool) -> None:
 
     def timed(name: str, launch: Callable[[], object]) -> None:
         torch.cuda.synchronize()  # earlier work (the inputs) is not the call's
-        started = time.perf_counter()
-        profiled(launch)
-        seconds[name] = time.perf_counter() - started
+        with seconds_into(seconds, name):
+            profiled(launch)
 
     if warm_up:
         ones = torch.ones(16, device="cuda")

@@ -23,8 +23,7 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -34,6 +33,7 @@ from ptxgym.gpus import initialize_driver, make_context, physical_device
 from ptxgym.isolation import limit_resources, python_environment, restrict_writes, seal
 from ptxgym.processes import POLL_S, ProcessGroup, wait_for_word
 from ptxgym.tasks import Task
+from ptxgym.timing import seconds_into
 
 T = TypeVar("T")
 EXIT_ENTRY_FAILED = 3  # the entry point returned a CUDA error
@@ -150,15 +150,15 @@ def run_job(spec_path: str) -> int:
     # every waiting run, held the GPU long enough to keep timings waiting (docs/benchmarks.md,
     # fourth session), and no candidate code is loaded before it.
     seconds: dict[str, float] = {}
-    with _stage(seconds, "driver"):  # outside the lock: loading it puts nothing on the GPU
+    with seconds_into(seconds, "driver"):  # outside the lock: loading it puts nothing on the GPU
         initialize_driver()
-    with _stage(seconds, "context"), holding(gpu_lock, exclusive=False):
+    with seconds_into(seconds, "context"), holding(gpu_lock, exclusive=False):
         make_context(0)  # the run sees only its GPU (CUDA_VISIBLE_DEVICES)
     # The tools talk to this process over sockets, so those stay; the rest of the filter holds.
     seal(network=True)
     # Writes only in this call's folder from here on (the tool's own processes write the report).
     restrict_writes(Path.cwd())
-    with _stage(seconds, "ready"):  # about 0 when the word came before the start-up was done
+    with seconds_into(seconds, "ready"):  # about 0 when the word came before the start-up was done
         if not wait_for_word(Path(spec["go"]), int(spec["judge_pid"]), stop=Path(spec["stop"])):
             return EXIT_NOT_WANTED
     job = json.loads(Path(spec["job"]).read_text())
@@ -172,9 +172,9 @@ def run_job(spec_path: str) -> int:
     with holding(gpu_lock) as waited:
         # Said before any of the candidate's code is loaded, so the candidate cannot say it.
         Path(spec["taken"]).touch()
-        with _stage(seconds, "load"):
+        with seconds_into(seconds, "load"):
             entry = Entry(job["library"], task)
-        with _stage(seconds, "inputs"):
+        with seconds_into(seconds, "inputs"):
             inputs = make_inputs(task, workload, int(job["seed"]), False)
             outputs = allocate_outputs(task, axes)
             stream = torch.cuda.Stream()
@@ -184,7 +184,7 @@ def run_job(spec_path: str) -> int:
             with torch.cuda.stream(stream):
                 return entry(inputs, outputs, axes, stream.cuda_stream)
 
-        with _stage(seconds, "call"):
+        with seconds_into(seconds, "call"):
             code = profiled(call_entry)
     seconds["gpu_wait"] = waited
     seconds["gpu"] = time.perf_counter() - started - waited
@@ -205,13 +205,6 @@ def profiled(launch: Callable[[], T]) -> T:
     torch.cuda.synchronize()
     torch.cuda.profiler.stop()
     return result
-
-
-@contextmanager
-def _stage(seconds: dict[str, float], name: str) -> Iterator[None]:
-    started = time.perf_counter()
-    yield
-    seconds[name] = time.perf_counter() - started
 
 
 def call_seconds(output: str) -> dict[str, float]:

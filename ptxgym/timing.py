@@ -18,7 +18,7 @@ import bisect
 import statistics
 import time
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -146,6 +146,14 @@ def device_spans_ms(
     return spans
 
 
+@contextmanager
+def seconds_into(seconds: dict[str, float], name: str) -> Iterator[None]:
+    """Add the block's wall seconds to ``seconds[name]`` (for stage breakdowns)."""
+    started = time.perf_counter()
+    yield
+    seconds[name] = seconds.get(name, 0.0) + time.perf_counter() - started
+
+
 _cupti: _Cupti | None = None
 
 
@@ -225,11 +233,8 @@ class Timer:
             phase_seconds=dict(self._phases),
         )
 
-    @contextmanager
-    def _phase(self, name: str) -> Iterator[None]:
-        started = time.perf_counter()
-        yield
-        self._phases[name] += time.perf_counter() - started
+    def _phase(self, name: str) -> AbstractContextManager[None]:
+        return seconds_into(self._phases, name)
 
     def _timed_by_host(
         self, call: Callable[[int], None], prepare: Callable[[int], None], first: int, count: int
