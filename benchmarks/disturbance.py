@@ -92,8 +92,7 @@ def background(activity: str, argument: str, until: float) -> None:
     from ptxgym.tasks import get_task
 
     task = get_task("PTX-H100-GEMM")
-    workload = task.workloads[0]
-    job = CallJob(task, argument, {"axes": workload.axes, "sequences": workload.sequences}, 1)
+    job = CallJob(task, argument, task.workloads[0].payload(), 1)
     while time.time() < until:
         run = PendingProfile(device=0) if activity == "profile-runs" else PendingSanitizer(device=0)
         result = run.finish(job)

@@ -105,8 +105,7 @@ def profiled_calls(task_id: str, library: str, warm_up: bool) -> None:
         ones = torch.ones(16, device="cuda")
         timed("warm_up", lambda: ones.add_(1))
     entry = Entry(library, task)
-    payload = {"axes": workload.axes, "sequences": workload.sequences}
-    inputs = make_inputs(task, payload, 1, False)
+    inputs = make_inputs(task, workload.payload(), 1, False)
     outputs = allocate_outputs(task, axes)
     stream = torch.cuda.Stream()
 
@@ -174,8 +173,7 @@ def main() -> None:
     if not build.ok or build.library is None:
         raise SystemExit(f"the example did not compile:\n{build.log}")
     workload = task.workloads[0]
-    payload = {"axes": workload.axes, "sequences": workload.sequences}
-    job = CallJob(task, build.library, payload, seed=1)
+    job = CallJob(task, build.library, workload.payload(), seed=1)
     gpus = visible_gpus()
     results: dict[str, Any] = {
         "date": datetime.date.today().isoformat(),

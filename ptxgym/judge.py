@@ -356,7 +356,7 @@ class Judge:
         torch = self.torch
         reference = resolve_callable(task.callables.reference)
         baseline = resolve_callable(task.callables.baseline)
-        payload = {"axes": workload.axes, "sequences": workload.sequences}
+        payload = workload.payload()
         stages = [_Stage(f"trial{i}", secrets.randbits(62), False) for i in range(TRIALS)]
         stages.append(_Stage("outliers", secrets.randbits(62), True))
         trial_inputs = []
@@ -474,8 +474,7 @@ class Judge:
         wanted = self._tools(status)
         if not wanted:
             return (), None
-        payload = {"axes": state.spec.axes, "sequences": state.spec.sequences}
-        job = CallJob(task, library, payload, state.stages[0].seed)
+        job = CallJob(task, library, state.spec.payload(), state.stages[0].seed)
         chosen = {kind: self.tool_runs.take(kind) for kind in wanted}
         with ThreadPoolExecutor(max_workers=len(chosen)) as pool:
             futures = {}
@@ -718,9 +717,8 @@ class Judge:
 
     def _timed_references(self, task: Task, state: _WorkloadState, seed: int) -> dict[str, Any]:
         """The references for one timed call's inputs (made from the judge's own seed)."""
-        payload = {"axes": state.spec.axes, "sequences": state.spec.sequences}
         reference = resolve_callable(task.callables.reference)
-        inputs = make_inputs(task, payload, seed, False)
+        inputs = make_inputs(task, state.spec.payload(), seed, False)
         references: dict[str, Any] = reference(inputs, **task.callables.params)
         return references
 

@@ -104,6 +104,10 @@ class WorkloadSpec(_Model):
     axes: dict[str, int]
     sequences: dict[str, list[int]] = {}
 
+    def payload(self) -> dict[str, Any]:
+        """Its axes and sequences, as input generation and a single call's job take them."""
+        return {"axes": self.axes, "sequences": self.sequences}
+
 
 class Callables(_Model):
     """Trusted Python callables (``module:function``) that make inputs, the reference, the baseline.
