@@ -18,7 +18,8 @@ Without the lock (what the lock keeps out; each a fresh Python process per loop)
 
 With the lock, as the judge runs them (``ptxgym.profile.PendingProfile`` and
 ``ptxgym.sanitizer.PendingSanitizer`` on the example kernel, start-up to exit: the context made
-holding the GPU shared, the call holding it alone):
+holding the GPU shared, a profile run's warm-up (``ptxgym.single_call.warm_up_profiler``) without
+the lock, the call holding it alone):
 
 - ``profile-runs``: whole profile runs;
 - ``memcheck-runs``: whole memcheck runs.

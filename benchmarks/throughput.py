@@ -21,6 +21,7 @@ Prints markdown for docs/benchmarks.md and writes OUT/throughput.json.
 from __future__ import annotations
 
 import argparse
+import collections
 import datetime
 import json
 import math
@@ -74,6 +75,8 @@ def trajectory(
                 "speedup": outcome["speedup"],
                 "latency_ms": outcome["latency_ms"],
                 "qualified": outcome["qualified"],
+                # Why the profile is unknown, when it is (a load-dependent failure shows here).
+                "profile_reason": (outcome["profile"] or {}).get("reason", ""),
                 "stages": outcome["stage_seconds"],
             }
         )
@@ -156,6 +159,13 @@ def run_level(
         "speedups": speedups,
         "latency_ms": statistics.median(r["latency_ms"] for r in records if r["latency_ms"]),
         "qualified": sorted({str(r["qualified"]) for r in records}),
+        "unknown_profiles": dict(
+            collections.Counter(
+                r["profile_reason"][:300] or "not profiled"
+                for r in records
+                if r["qualified"] is None
+            )
+        ),
     }
 
 
@@ -343,6 +353,9 @@ def report_levels(levels: list[dict[str, Any]]) -> None:
             f"| {level['exclusive_share']:.0%} "
             f"| {level['busy_cores']:.1f} of {level['cores']} |"
         )
+    for level in levels:
+        for reason, count in level["unknown_profiles"].items():
+            print(f"\nAt {level['trajectories']}: {count} profile(s) unknown: {reason}")
     print("\np50 seconds per stage:\n")
     print("| trajectories | " + " | ".join(STAGES) + " |")
     print("|---" * (len(STAGES) + 1) + "|")

@@ -9,10 +9,12 @@ candidate once between ``cudaProfilerStart`` and ``cudaProfilerStop`` (so a prof
 Most of such a run is start-up (the tool, Python, torch, the CUDA context under the tool), so the
 judge keeps runs started ahead of need (``PendingCall``), not yet bound to a candidate, as it
 keeps workers. A waiting run has made its CUDA context (holding the GPU shared:
-``ptxgym.gpu_lock``), and does nothing else until the word: ``go``, with the job
-(the candidate's library, its task and input set), or ``stop``. After ``go`` it holds the GPU alone
-to load the candidate, make the inputs and call it. It runs with a scrubbed environment in a
-folder of its own, and gives up waiting when the judge is gone.
+``ptxgym.gpu_lock``); a profile run has also profiled a trivial kernel of its own
+(``warm_up_profiler``), which pays Nsight Compute's set-up for its first profiled kernel, about a
+second, before the word instead of while the GPU is held alone. Then it does nothing until the
+word: ``go``, with the job (the candidate's library, its task and input set), or ``stop``. After
+``go`` it holds the GPU alone to load the candidate, make the inputs and call it. It runs with a
+scrubbed environment in a folder of its own, and gives up waiting when the judge is gone.
 """
 
 from __future__ import annotations
@@ -40,7 +42,20 @@ EXIT_ENTRY_FAILED = 3  # the entry point returned a CUDA error
 EXIT_NOT_WANTED = 4  # told to stop, or the judge went away, before the call
 # The line on which the program says where its seconds went (``call_seconds``).
 SECONDS_MARK = "ptxgym-single-call-seconds "
-_SECONDS_KEYS = ("driver", "context", "ready", "gpu_wait", "load", "inputs", "call", "gpu")
+_SECONDS_KEYS = (
+    "driver",
+    "context",
+    "warm_up",
+    "ready",
+    "gpu_wait",
+    "load",
+    "inputs",
+    "call",
+    "gpu",
+)
+# Part of the name of the kernel ``warm_up_profiler`` launches (torch's element-wise add), by
+# which the profile's reader tells it from the candidate's.
+WARM_UP_KERNEL = "elementwise_kernel"
 
 
 @dataclass(frozen=True)
@@ -67,7 +82,9 @@ class PendingCall:
     """A single-call program started under a tool ahead of need, not yet bound to a candidate:
     ``run`` hands it a job and the word; ``cancel`` drops it."""
 
-    def __init__(self, *, device: int, prefix: str) -> None:
+    def __init__(self, *, device: int, prefix: str, warm_up_profiler: bool = False) -> None:
+        """``warm_up_profiler``: the program profiles a kernel of its own before it waits for
+        the word (a run under Nsight Compute: ``warm_up_profiler``)."""
         self.folder = Path(tempfile.mkdtemp(prefix=prefix))
         self.device = device
         self._go = self.folder / "go"
@@ -81,6 +98,7 @@ class PendingCall:
             "job": str(self._job),
             "taken": str(self._taken),
             "judge_pid": os.getpid(),
+            "warm_up_profiler": warm_up_profiler,
         }
         spec_path = self.folder / "spec.json"
         spec_path.write_text(json.dumps(spec))
@@ -154,6 +172,12 @@ def run_job(spec_path: str) -> int:
         initialize_driver()
     with seconds_into(seconds, "context"), holding(gpu_lock, exclusive=False):
         make_context(0)  # the run sees only its GPU (CUDA_VISIBLE_DEVICES)
+    if spec["warm_up_profiler"]:
+        # Without the GPU lock: the set-up is the profiler's host-side work, and the kernel
+        # adds one to sixteen numbers (benchmarks/disturbance.py, ``profile-runs``, measures
+        # whether whole profile runs move a timing beside them).
+        with seconds_into(seconds, "warm_up"):
+            warm_up_profiler()
     # The tools talk to this process over sockets, so those stay; the rest of the filter holds.
     seal(network=True)
     # Writes only in this call's folder from here on (the tool's own processes write the report).
@@ -207,16 +231,25 @@ def profiled(launch: Callable[[], T]) -> T:
     return result
 
 
+def warm_up_profiler() -> None:
+    """Profile one trivial kernel (``WARM_UP_KERNEL``), so that a profiler started with
+    ``--profile-from-start off`` has done its set-up for the first profiled kernel."""
+    import torch
+
+    numbers = torch.zeros(16, device="cuda")
+    profiled(lambda: numbers.add_(1))
+
+
 def call_seconds(output: str) -> dict[str, float]:
     """Where a run's seconds went, from the last line it printed for the judge. Before the
     word: ``driver`` (loading the driver and the tool's injection, outside the GPU lock),
-    ``context`` (making the CUDA context under the tool, waiting for the GPU shared included)
-    and ``ready`` (waiting for the word; about 0 when the start-up itself kept the judge
-    waiting). After it: ``gpu_wait`` (waiting to have the GPU alone) and ``gpu`` (holding it),
-    made of ``load`` (the candidate's library), ``inputs`` (its inputs and outputs) and
-    ``call`` (the call under the tool: for the profile, its replays). Empty when there is no
-    such line (the run failed before its end). For the stage breakdown only: nothing is judged
-    on it."""
+    ``context`` (making the CUDA context under the tool, waiting for the GPU shared included),
+    ``warm_up`` (a profile run's ``warm_up_profiler``) and ``ready`` (waiting for the word;
+    about 0 when the start-up itself kept the judge waiting). After it: ``gpu_wait`` (waiting
+    to have the GPU alone) and ``gpu`` (holding it), made of ``load`` (the candidate's
+    library), ``inputs`` (its inputs and outputs) and ``call`` (the call under the tool: for
+    the profile, its replays). Empty when there is no such line (the run failed before its
+    end). For the stage breakdown only: nothing is judged on it."""
     for line in reversed(output.splitlines()):
         if line.startswith(SECONDS_MARK):
             try:
