@@ -11,23 +11,15 @@ seventh session); a 1.4-ms one timed with the judge's 3 trials of 50 did not mov
 parts around them (compiling, starting processes, loading the driver and a tool's injection,
 importing torch, reading reports) hold nothing and overlap freely. Exclusive holders are
 preferred: once one waits, new shared holders wait behind it, so timings are never starved by a
-stream of start-ups. But only for ``SHARED_PATIENCE_S``: past it, the shared holders then waiting
-get in together, after the exclusive holder in front of them. With many trajectories on one GPU
-the exclusive holders queue back to back, and letting start-ups in one at a time between them
-left the GPU idle while each made its context (held alone 42 % of the time at 16 trajectories:
-docs/benchmarks.md, eighth session); in batches the GPU idles once per batch.
+stream of start-ups.
 
 The lock is a pair of ``flock``s on files named after the physical GPU, in one folder for the
 whole machine (``paths.lock_dir``: not the cache folder, which differs between users, test
 sessions and benchmark runs), so it holds between processes and ends with the process that
-holds it (a killed holder never leaves it locked). The main file is held exclusively or shared.
-Every exclusive holder holds the queue file beside it shared, from its arrival to its end; a
-shared holder goes in only once it could take the queue file exclusively (no exclusive holder
-waits or holds), which is what makes waiting exclusive holders come first, also across the gap
-between two of them. A shared holder out of patience holds the barrier, a third file, shared until
-it is in; exclusive holders cross the barrier before they take the main file, so none gets in
-front of it but those already past the barrier. Exclusive waiters inside one process are served
-first come, first served. A process holding the GPU
+holds it (a killed holder never leaves it locked). The main file is held exclusively or shared;
+the turnstile beside it is held by an exclusive holder from its arrival to its end and crossed
+briefly by shared ones, which is what makes waiting exclusive holders come first. Exclusive
+waiters inside one process are served first come, first served. A process holding the GPU
 exclusively must not ask for it shared (a second ``flock`` of the same file would wait for the
 first): what it does under the exclusive hold is covered by it.
 """
@@ -73,9 +65,6 @@ class _FifoGate:
                 self._held = False
 
 
-# How long a shared holder lets exclusive holders go first (see the module's docstring).
-SHARED_PATIENCE_S = 3.0
-_POLL_S = 0.005  # how often a waiting shared holder tries the queue file
 _gates: dict[str, _FifoGate] = {}
 _gates_mutex = threading.Lock()
 
@@ -101,81 +90,44 @@ def holding(path: Path, exclusive: bool = True) -> Iterator[float]:
     """Hold the GPU whose lock file is ``path``, alone or shared (a child process is given the
     path, since its scrubbed environment cannot locate ptxgym's folders)."""
     started = time.perf_counter()
-    # All three files, made by whoever comes first: a confined process cannot make one later.
-    for file in (path, _queue(path), _barrier(path)):
-        os.close(_open(file))
     if not exclusive:
-        with contextlib.ExitStack() as held:
-            if _taken_within(_queue(path), SHARED_PATIENCE_S):
-                held.enter_context(_locked(path, fcntl.LOCK_SH))
-            else:
-                # Out of patience: no new exclusive holder gets past the barrier until this
-                # one is in, behind those already past it.
-                with _locked(_barrier(path), fcntl.LOCK_SH):
-                    held.enter_context(_locked(path, fcntl.LOCK_SH))
+        with _locked(_turnstile(path), fcntl.LOCK_EX):
+            pass  # wait behind any exclusive holder that arrived first
+        with _locked(path, fcntl.LOCK_SH):
             yield time.perf_counter() - started
         return
     with _gates_mutex:
         gate = _gates.setdefault(str(path), _FifoGate())
-    with _locked(_queue(path), fcntl.LOCK_SH):
-        gate.acquire()
-        try:
-            with _locked(_barrier(path), fcntl.LOCK_EX):
-                pass  # behind shared holders out of patience
-            with _locked(path, fcntl.LOCK_EX):
-                yield time.perf_counter() - started
-        finally:
-            gate.release()
-
-
-def _queue(path: Path) -> Path:
-    return path.with_name(path.name + ".queue")
-
-
-def _barrier(path: Path) -> Path:
-    return path.with_name(path.name + ".barrier")
-
-
-def _taken_within(path: Path, seconds: float) -> bool:
-    """Take ``path`` exclusively and let it go, if that can be done within ``seconds``."""
-    deadline = time.monotonic() + seconds
-    descriptor = _open(path)
+    gate.acquire()
     try:
-        while True:
-            try:
-                fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                return True
-            except BlockingIOError:
-                if time.monotonic() >= deadline:
-                    return False
-                time.sleep(_POLL_S)
+        with _locked(_turnstile(path), fcntl.LOCK_EX), _locked(path, fcntl.LOCK_EX):
+            yield time.perf_counter() - started
     finally:
-        os.close(descriptor)  # closing releases the flock
+        gate.release()
+
+
+def _turnstile(path: Path) -> Path:
+    return path.with_name(path.name + ".turnstile")
 
 
 @contextmanager
 def _locked(path: Path, operation: int) -> Iterator[None]:
-    descriptor = _open(path)
-    try:
-        fcntl.flock(descriptor, operation)
-        yield
-    finally:
-        os.close(descriptor)  # closing releases the flock
-
-
-def _open(path: Path) -> int:
     # O_CLOEXEC: processes started while it is held (workers, compilers) must not inherit it.
     # Read-only when the file exists (flock needs no write access): a process whose writes are
     # confined to its own folder (ptxgym.landlock), as a worker's and a single-call program's
     # are, takes the lock too.
     try:
-        return os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        descriptor = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except FileNotFoundError:
         _make_shared_folder(path.parent)
         descriptor = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
         with contextlib.suppress(OSError):  # others' processes open it too (umask aside)
             os.fchmod(descriptor, 0o666)
-        return descriptor
+    try:
+        fcntl.flock(descriptor, operation)
+        yield
+    finally:
+        os.close(descriptor)  # closing releases the flock
 
 
 def _make_shared_folder(folder: Path) -> None:
