@@ -13,7 +13,8 @@ cost alone.
 Then, with the judge's set, what a run's *first* profiled kernel costs against later ones: one
 Nsight Compute run of a program that calls the candidate three times, each between
 ``cudaProfilerStart`` and ``cudaProfilerStop``; and one whose program first profiles a trivial
-kernel of its own (a warm-up a run could do ahead of its word).
+kernel of its own (the warm-up the judge's profile runs do before their word:
+``ptxgym.single_call.warm_up_profiler``). The metric sets above are measured after such a warm-up.
 
 Prints markdown for docs/benchmarks.md and writes OUT/profile_cost.json.
 """
@@ -81,12 +82,11 @@ def record(result: InstructionProfile) -> dict[str, Any]:
 
 def profiled_calls(task_id: str, library: str, warm_up: bool) -> None:
     """Child mode, run under Nsight Compute: call the candidate ``PROFILED_CALLS`` times, each
-    profiled (after a trivial kernel of our own, profiled first, if ``warm_up``), and print the
-    seconds of each."""
+    profiled (after the profile runs' warm-up, if ``warm_up``), and print the seconds of each."""
     import torch
 
     from ptxgym.gpus import make_context
-    from ptxgym.single_call import profiled
+    from ptxgym.single_call import profiled, warm_up_profiler
     from ptxgym.timing import seconds_into
     from ptxgym.worker import Entry, allocate_outputs, make_inputs
 
@@ -102,8 +102,9 @@ def profiled_calls(task_id: str, library: str, warm_up: bool) -> None:
             profiled(launch)
 
     if warm_up:
-        ones = torch.ones(16, device="cuda")
-        timed("warm_up", lambda: ones.add_(1))
+        torch.cuda.synchronize()
+        with seconds_into(seconds, "warm_up"):
+            warm_up_profiler()
     entry = Entry(library, task)
     inputs = make_inputs(task, workload.payload(), 1, False)
     outputs = allocate_outputs(task, axes)

@@ -89,7 +89,17 @@ def trajectory(
 TOOL_CALL_STAGES = tuple(
     f"{tool}_{part}"
     for tool in ("memcheck", "profile")
-    for part in ("driver", "context", "ready", "gpu_wait", "load", "inputs", "call", "gpu")
+    for part in (
+        "driver",
+        "context",
+        "warm_up",
+        "ready",
+        "gpu_wait",
+        "load",
+        "inputs",
+        "call",
+        "gpu",
+    )
 ) + tuple(f"timing_{phase}" for phase in TIMING_PHASES)
 
 
@@ -197,6 +207,12 @@ def main() -> None:
     )
     parser.add_argument("--judge-concurrency", type=int, default=8)
     parser.add_argument(
+        "--unlocked-startups",
+        action="store_true",
+        help="workers and tool runs make their CUDA contexts without the GPU lock "
+        "(JudgeSettings.lock_startups=False)",
+    )
+    parser.add_argument(
         "--level-evaluations",
         type=int,
         default=32,
@@ -207,7 +223,9 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     source = args.example.read_text()
     task = get_task(args.task)
-    settings = JudgeSettings(concurrency=args.judge_concurrency)
+    settings = JudgeSettings(
+        concurrency=args.judge_concurrency, lock_startups=not args.unlocked_startups
+    )
     evaluator = LocalGPUEvaluator(settings=settings)
     results: dict[str, Any] = {
         "date": datetime.date.today().isoformat(),
@@ -235,7 +253,12 @@ def main() -> None:
         example_source = Path(example).read_text()
         per_setting: dict[str, Any] = {"example": example}
         for label, reuse_state in (("reuse", True), ("rebuild", False)):
-            plain = JudgeSettings(memcheck=False, profile=False, reuse_state=reuse_state)
+            plain = JudgeSettings(
+                memcheck=False,
+                profile=False,
+                reuse_state=reuse_state,
+                lock_startups=settings.lock_startups,
+            )
             sequential = LocalGPUEvaluator(settings=plain)
             records = trajectory(
                 sequential, task_id, example_source, label, args.reuse_steps + 1, distinct=False
@@ -295,7 +318,10 @@ def report(results: dict[str, Any]) -> None:
     print(f"\n# Throughput, {results['date']}, {results['device']['name']}, {results['task']}")
     if "first_step" in results:
         first = results["first_step"]["step_s"]
-        print(f"example {results['example']}; first step {first:.1f} s\n")
+        startups = "locked" if results["settings"]["lock_startups"] else "without the lock"
+        print(
+            f"example {results['example']}; first step {first:.1f} s; CUDA start-ups {startups}\n"
+        )
     if results.get("levels"):
         report_levels(results["levels"])
     if "cached" in results:

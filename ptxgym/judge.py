@@ -103,6 +103,12 @@ class JudgeSettings:
     # occupancy (ptxgym.profile.DETAIL_METRICS) for the feedback: hardware counter passes that
     # hold the GPU alone about 0.4 s longer per step on the H200.
     profile_details: bool = False
+    # Workers and tool runs make their CUDA contexts holding the GPU shared, never beside a
+    # timing (ptxgym.gpu_lock). False lets them start any time. On the H200 at 16 trajectories
+    # the GPU was then held alone, for the stages that need it, 94 % of the time against 42-59 %
+    # with the lock; but start-ups beside a long kernel timed with few calls moved its timing
+    # by up to 8 % (a 42-ms GEMM timed with 3 trials of 5; docs/benchmarks.md).
+    lock_startups: bool = True
 
 
 @dataclass(frozen=True)
@@ -179,7 +185,8 @@ class _WorkloadState:
 class _Worker:
     """A started worker process waiting for its one job."""
 
-    def __init__(self, context: Any, device: int, folder: Path) -> None:
+    def __init__(self, context: Any, device: int, folder: Path, lock_startup: bool) -> None:
+        """``lock_startup``: the worker makes its CUDA context holding the GPU shared."""
         folder.mkdir(parents=True, exist_ok=True)
         name = f"worker-{secrets.token_hex(4)}"
         # The log sits outside the worker's own folder, which it may write (and is removed).
@@ -188,7 +195,10 @@ class _Worker:
         self.conn, child = context.Pipe()
         self.process = context.Process(
             target=worker_main,
-            args=(child, device, str(self.log_path), str(self.home), str(lock_path(device))),
+            args=(
+                *(child, device, str(self.log_path), str(self.home)),
+                str(lock_path(device)) if lock_startup else None,
+            ),
             daemon=True,
         )
         self.process.start()
@@ -285,6 +295,7 @@ class Judge:
             self._tools(Status.PASSED),
             settings.spare_tool_runs,
             profile_details=settings.profile_details,
+            lock_startups=settings.lock_startups,
         )
         self.tool_runs.top_up(0)
 
@@ -294,7 +305,7 @@ class Judge:
             with self._mutex:
                 if len(self.spares) >= self.settings.spare_workers:
                     return
-            worker = _Worker(self.context, self.device, self.folder)
+            worker = _Worker(self.context, self.device, self.folder, self.settings.lock_startups)
             with self._mutex:
                 self.spares.append(worker)
 
@@ -302,12 +313,12 @@ class Judge:
         with self._mutex:
             worker = self.spares.pop(0) if self.spares else None
         if worker is None:
-            worker = _Worker(self.context, self.device, self.folder)
+            worker = _Worker(self.context, self.device, self.folder, self.settings.lock_startups)
         try:
             worker.wait_ready(_WORKER_START_TIMEOUT_S)
         except (channel.ChannelError, _Timeout, EOFError, OSError):
             worker.kill()
-            worker = _Worker(self.context, self.device, self.folder)
+            worker = _Worker(self.context, self.device, self.folder, self.settings.lock_startups)
             try:
                 worker.wait_ready(_WORKER_START_TIMEOUT_S)
             except (channel.ChannelError, _Timeout, EOFError, OSError) as exc:

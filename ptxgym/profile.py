@@ -156,10 +156,12 @@ class PendingProfile:
     its report reader: ``finish`` hands it one call's job and reads the report; ``cancel``
     drops it."""
 
-    def __init__(self, *, device: int, metrics: Sequence[str] = PROFILE_METRICS) -> None:
+    def __init__(
+        self, *, device: int, metrics: Sequence[str] = PROFILE_METRICS, lock_startup: bool = True
+    ) -> None:
         """Start the run on ``device``, collecting ``metrics`` (the judge's come from
         ``profile_metrics``; other sets are for measuring what each costs:
-        benchmarks/profile_cost.py)."""
+        benchmarks/profile_cost.py). ``lock_startup``: as ``PendingCall``'s."""
         self.failure: str | None = None
         self.call: PendingCall | None = None
         ncu = find_ncu()
@@ -172,7 +174,12 @@ class PendingProfile:
             return
         # Nsight Compute's set-up for a run's first profiled kernel (about a second) is paid
         # before the word, on a kernel of the program's own, which the reader then drops.
-        self.call = PendingCall(device=device, prefix="ptxgym-profile-", warm_up_profiler=True)
+        self.call = PendingCall(
+            device=device,
+            prefix="ptxgym-profile-",
+            warm_up_profiler=True,
+            lock_startup=lock_startup,
+        )
         self.report_folder = Path(tempfile.mkdtemp(prefix="ptxgym-profile-report-"))
         self.report = self.report_folder / "profile.ncu-rep"
         self.call.start(

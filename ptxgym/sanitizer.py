@@ -64,13 +64,14 @@ class PendingSanitizer:
     """A compute-sanitizer tool run started ahead of need (``ptxgym.single_call.PendingCall``):
     ``finish`` hands it one call's job and reads the tool's report; ``cancel`` drops it."""
 
-    def __init__(self, *, device: int, tool: Tool = "memcheck") -> None:
+    def __init__(self, *, device: int, tool: Tool = "memcheck", lock_startup: bool = True) -> None:
+        """``lock_startup``: as ``ptxgym.single_call.PendingCall``'s."""
         self.tool = tool
         self.call: PendingCall | None = None
         sanitizer = find_compute_sanitizer()
         if sanitizer is None:
             return
-        self.call = PendingCall(device=device, prefix=f"ptxgym-{tool}-")
+        self.call = PendingCall(device=device, prefix=f"ptxgym-{tool}-", lock_startup=lock_startup)
         self.call.start(
             [
                 sanitizer,

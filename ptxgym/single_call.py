@@ -19,6 +19,7 @@ scrubbed environment in a folder of its own, and gives up waiting when the judge
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -82,9 +83,12 @@ class PendingCall:
     """A single-call program started under a tool ahead of need, not yet bound to a candidate:
     ``run`` hands it a job and the word; ``cancel`` drops it."""
 
-    def __init__(self, *, device: int, prefix: str, warm_up_profiler: bool = False) -> None:
+    def __init__(
+        self, *, device: int, prefix: str, warm_up_profiler: bool = False, lock_startup: bool = True
+    ) -> None:
         """``warm_up_profiler``: the program profiles a kernel of its own before it waits for
-        the word (a run under Nsight Compute: ``warm_up_profiler``)."""
+        the word (a run under Nsight Compute: ``warm_up_profiler``). ``lock_startup``: it makes
+        its CUDA context holding the GPU shared (``ptxgym.judge.JudgeSettings.lock_startups``)."""
         self.folder = Path(tempfile.mkdtemp(prefix=prefix))
         self.device = device
         self._go = self.folder / "go"
@@ -99,6 +103,7 @@ class PendingCall:
             "taken": str(self._taken),
             "judge_pid": os.getpid(),
             "warm_up_profiler": warm_up_profiler,
+            "lock_startup": lock_startup,
         }
         spec_path = self.folder / "spec.json"
         spec_path.write_text(json.dumps(spec))
@@ -170,7 +175,10 @@ def run_job(spec_path: str) -> int:
     seconds: dict[str, float] = {}
     with seconds_into(seconds, "driver"):  # outside the lock: loading it puts nothing on the GPU
         initialize_driver()
-    with seconds_into(seconds, "context"), holding(gpu_lock, exclusive=False):
+    with (
+        seconds_into(seconds, "context"),
+        holding(gpu_lock, exclusive=False) if spec["lock_startup"] else contextlib.nullcontext(),
+    ):
         make_context(0)  # the run sees only its GPU (CUDA_VISIBLE_DEVICES)
     if spec["warm_up_profiler"]:
         # Without the GPU lock: the set-up is the profiler's host-side work, and the kernel

@@ -27,11 +27,18 @@ class ToolRuns:
     """The waiting runs of each tool kind on one GPU."""
 
     def __init__(
-        self, device: int, kinds: Iterable[ToolKind], spare: int, profile_details: bool = False
+        self,
+        device: int,
+        kinds: Iterable[ToolKind],
+        spare: int,
+        profile_details: bool = False,
+        lock_startups: bool = True,
     ) -> None:
-        """``profile_details``: profiles also collect ``ptxgym.profile.DETAIL_METRICS``."""
+        """``profile_details``: profiles also collect ``ptxgym.profile.DETAIL_METRICS``.
+        ``lock_startups``: runs make their CUDA contexts holding the GPU shared."""
         self.device = device
         self.spare = spare
+        self.lock_startups = lock_startups
         self.profile_metrics = profile_metrics(profile_details)
         self._waiting: dict[ToolKind, list[PendingRun]] = {kind: [] for kind in kinds}
         self._mutex = threading.Lock()
@@ -78,5 +85,7 @@ class ToolRuns:
 
     def _start(self, kind: ToolKind) -> PendingRun:
         if kind == "profile":
-            return PendingProfile(device=self.device, metrics=self.profile_metrics)
-        return PendingSanitizer(device=self.device, tool=kind)
+            return PendingProfile(
+                device=self.device, metrics=self.profile_metrics, lock_startup=self.lock_startups
+            )
+        return PendingSanitizer(device=self.device, tool=kind, lock_startup=self.lock_startups)

@@ -10,6 +10,7 @@ after a crash.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import faulthandler
 import importlib
@@ -116,8 +117,12 @@ def error_name(code: int) -> str:
         return f"error {code}"
 
 
-def worker_main(conn: Connection, device: int, log_path: str, home: str, gpu_lock: str) -> None:
-    """Process entry: set up, report ready, serve one job, exit."""
+def worker_main(
+    conn: Connection, device: int, log_path: str, home: str, gpu_lock: str | None
+) -> None:
+    """Process entry: set up, report ready, serve one job, exit. ``gpu_lock``: the GPU lock's
+    file, held shared while the CUDA context is made (None: made without the lock,
+    ``JudgeSettings.lock_startups``)."""
     log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     os.dup2(log, 1)
     os.dup2(log, 2)
@@ -131,7 +136,7 @@ def worker_main(conn: Connection, device: int, log_path: str, home: str, gpu_loc
     # (ptxgym.gpu_lock). The judge holds the GPU alone for this worker from the job on
     # (correctness and timing) until the worker is gone.
     initialize_driver()  # outside the lock: loading the driver puts nothing on the GPU
-    with holding(Path(gpu_lock), exclusive=False):
+    with holding(Path(gpu_lock), exclusive=False) if gpu_lock else contextlib.nullcontext():
         make_context(device)
         timer = Timer()
     # CUDA, torch and CUPTI are up: from here on no new processes, no signals to others, no

@@ -1,6 +1,7 @@
 """The GPU lock on the CPU: exclusive holders alone and first come first served, across processes
 and threads; shared holders together, never with an exclusive one, which goes before later ones;
-and the start-ups of workers and tool runs make their CUDA context holding the GPU shared."""
+and the start-ups of workers and tool runs make their CUDA context holding the GPU shared (without
+it when the judge's settings turn that off)."""
 
 from __future__ import annotations
 
@@ -157,8 +158,9 @@ def _start_up(target: object, args: tuple[object, ...]) -> None:
     assert process.exitcode == 0
 
 
+@pytest.mark.parametrize("locked", [True, False], ids=["locked", "lock_startups_off"])
 def test_a_worker_makes_its_context_holding_the_gpu(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, locked: bool
 ) -> None:
     from ptxgym import worker
 
@@ -169,12 +171,14 @@ def test_a_worker_makes_its_context_holding_the_gpu(
     monkeypatch.setattr(sys.modules[__name__], "_LOCK_FILE", [str(lock_path(0))])
     log = tmp_path / "worker.log"
     _judge_end, child = multiprocessing.get_context("fork").Pipe()  # kept open meanwhile
-    _start_up(worker.worker_main, (child, 0, str(log), str(tmp_path / "home"), str(lock_path(0))))
-    assert log.read_text().splitlines()[-1] == "gpu held"
+    gpu_lock = str(lock_path(0)) if locked else None
+    _start_up(worker.worker_main, (child, 0, str(log), str(tmp_path / "home"), gpu_lock))
+    assert log.read_text().splitlines()[-1] == ("gpu held" if locked else "gpu free")
 
 
+@pytest.mark.parametrize("locked", [True, False], ids=["locked", "lock_startups_off"])
 def test_a_tool_run_makes_its_context_holding_the_gpu(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, locked: bool
 ) -> None:
     import json
     import os
@@ -187,7 +191,7 @@ def test_a_tool_run_makes_its_context_holding_the_gpu(
     monkeypatch.setattr(single_call, "make_context", _probe_lock)
     monkeypatch.setattr(sys.modules[__name__], "_LOCK_FILE", [str(lock_path(0))])
     spec = tmp_path / "spec.json"
-    spec.write_text(json.dumps({"gpu_lock": str(lock_path(0))}))
+    spec.write_text(json.dumps({"gpu_lock": str(lock_path(0)), "lock_startup": locked}))
     output = tmp_path / "out"
 
     def run() -> None:
@@ -196,4 +200,4 @@ def test_a_tool_run_makes_its_context_holding_the_gpu(
         single_call.run_job(str(spec))
 
     _start_up(run, ())
-    assert output.read_text().splitlines()[-1] == "gpu held"
+    assert output.read_text().splitlines()[-1] == ("gpu held" if locked else "gpu free")

@@ -9,7 +9,7 @@ import pytest
 
 from ptxgym import judge as judge_module
 from ptxgym.baselines import baseline_key, cached_baseline, store_baseline
-from ptxgym.judge import Judge, WorkerStartError, _Worker
+from ptxgym.judge import Judge, JudgeSettings, WorkerStartError, _Worker
 from ptxgym.tasks import get_task
 
 GEMM = get_task("PTX-H100-GEMM")
@@ -74,6 +74,7 @@ def test_a_worker_that_cannot_start_fails_the_request_with_its_own_words(
     judge = Judge.__new__(Judge)  # no CUDA: only the worker start is exercised
     judge.context = multiprocessing.get_context("fork")  # the stand-in reaches the child
     judge.device, judge.folder, judge.spares = 0, tmp_path / "judge", []
+    judge.settings = JudgeSettings()
     judge._mutex = threading.Lock()
     with pytest.raises(WorkerStartError, match=r"failed to start twice.*Error 304"):
         judge._take_worker()
