@@ -9,12 +9,13 @@ candidate once between ``cudaProfilerStart`` and ``cudaProfilerStop`` (so a prof
 Most of such a run is start-up (the tool, Python, torch, the CUDA context under the tool), so the
 judge keeps runs started ahead of need (``PendingCall``), not yet bound to a candidate, as it
 keeps workers. A waiting run has made its CUDA context (holding the GPU shared:
-``ptxgym.gpu_lock``); a profile run has also profiled a trivial kernel of its own
-(``warm_up_profiler``), which pays Nsight Compute's set-up for its first profiled kernel, about a
-second, before the word instead of while the GPU is held alone. Then it does nothing until the
-word: ``go``, with the job (the candidate's library, its task and input set), or ``stop``. After
-``go`` it holds the GPU alone to load the candidate, make the inputs and call it. It runs with a
-scrubbed environment in a folder of its own, and gives up waiting when the judge is gone.
+``ptxgym.gpu_lock``, unless ``JudgeSettings.lock_startups`` is off); a profile run has also
+profiled a trivial kernel of its own (``warm_up_profiler``), which pays Nsight Compute's set-up
+for its first profiled kernel, about a second, before the word instead of while the GPU is held
+alone. Then it does nothing until the word: ``go``, with the job (the candidate's library, its
+task and input set), or ``stop``. After ``go`` it holds the GPU alone to load the candidate, make
+the inputs and call it. It runs with a scrubbed environment in a folder of its own, and gives up
+waiting when the judge is gone.
 """
 
 from __future__ import annotations
@@ -181,9 +182,10 @@ def run_job(spec_path: str) -> int:
     ):
         make_context(0)  # the run sees only its GPU (CUDA_VISIBLE_DEVICES)
     if spec["warm_up_profiler"]:
-        # Without the GPU lock: the set-up is the profiler's host-side work, and the kernel
-        # adds one to sixteen numbers (benchmarks/disturbance.py, ``profile-runs``, measures
-        # whether whole profile runs move a timing beside them).
+        # Without the GPU lock: the kernel adds one to sixteen numbers, and the rest is Nsight
+        # Compute's own set-up. Whole profile runs looping beside a 42-ms timing of 15 calls
+        # moved it by -0.07 % to +2.02 % on the H200 (benchmarks/disturbance.py,
+        # ``profile-runs``; docs/benchmarks.md, eighth session).
         with seconds_into(seconds, "warm_up"):
             warm_up_profiler()
     # The tools talk to this process over sockets, so those stay; the rest of the filter holds.
