@@ -202,6 +202,8 @@ def main() -> None:
         default=[
             "PTX-H100-GEMM=examples/expert/gemm.cu",
             "PTX-H100-MHAFwd-d128=examples/expert/mha_fwd_d128.cu",
+            # Five workloads, each with references and a baseline of its own to build.
+            "PTX-H100-GQADecode=examples/naive/gqa_decode.cu",
         ],
         help="the tasks whose workload reuse is measured, each with a kernel that solves it",
     )
