@@ -85,6 +85,12 @@ def shared_gpu(device: int) -> contextlib.AbstractContextManager[float]:
     return holding(lock_path(device), exclusive=False)
 
 
+def startup_hold(path: Path | None) -> contextlib.AbstractContextManager[object]:
+    """What a process's start-up holds while it makes its CUDA context: the GPU whose lock file
+    is ``path``, shared; nothing where ``path`` is None (``JudgeSettings.lock_startups`` off)."""
+    return holding(path, exclusive=False) if path is not None else contextlib.nullcontext()
+
+
 @contextmanager
 def holding(path: Path, exclusive: bool = True) -> Iterator[float]:
     """Hold the GPU whose lock file is ``path``, alone or shared (a child process is given the

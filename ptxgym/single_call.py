@@ -20,7 +20,6 @@ waiting when the judge is gone.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
@@ -32,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from ptxgym.gpu_lock import holding, lock_path
+from ptxgym.gpu_lock import holding, lock_path, startup_hold
 from ptxgym.gpus import initialize_driver, make_context, physical_device
 from ptxgym.isolation import limit_resources, python_environment, restrict_writes, seal
 from ptxgym.processes import POLL_S, ProcessGroup, wait_for_word
@@ -98,13 +97,14 @@ class PendingCall:
         self._taken = self.folder / "gpu-taken"
         spec = {
             "gpu_lock": str(lock_path(device)),
+            # Held shared while the context is made (None: without the lock).
+            "startup_lock": str(lock_path(device)) if lock_startup else None,
             "go": str(self._go),
             "stop": str(self._stop),
             "job": str(self._job),
             "taken": str(self._taken),
             "judge_pid": os.getpid(),
             "warm_up_profiler": warm_up_profiler,
-            "lock_startup": lock_startup,
         }
         spec_path = self.folder / "spec.json"
         spec_path.write_text(json.dumps(spec))
@@ -176,10 +176,8 @@ def run_job(spec_path: str) -> int:
     seconds: dict[str, float] = {}
     with seconds_into(seconds, "driver"):  # outside the lock: loading it puts nothing on the GPU
         initialize_driver()
-    with (
-        seconds_into(seconds, "context"),
-        holding(gpu_lock, exclusive=False) if spec["lock_startup"] else contextlib.nullcontext(),
-    ):
+    startup_lock = Path(spec["startup_lock"]) if spec["startup_lock"] else None
+    with seconds_into(seconds, "context"), startup_hold(startup_lock):
         make_context(0)  # the run sees only its GPU (CUDA_VISIBLE_DEVICES)
     if spec["warm_up_profiler"]:
         # Without the GPU lock: the kernel adds one to sixteen numbers, and the rest is Nsight

@@ -10,7 +10,6 @@ after a crash.
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import faulthandler
 import importlib
@@ -21,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ptxgym import channel
-from ptxgym.gpu_lock import holding
+from ptxgym.gpu_lock import startup_hold
 from ptxgym.gpus import initialize_driver, make_context
 from ptxgym.isolation import confine, seal
 from ptxgym.tasks import Task
@@ -118,11 +117,11 @@ def error_name(code: int) -> str:
 
 
 def worker_main(
-    conn: Connection, device: int, log_path: str, home: str, gpu_lock: str | None
+    conn: Connection, device: int, log_path: str, home: str, startup_lock: str | None
 ) -> None:
-    """Process entry: set up, report ready, serve one job, exit. ``gpu_lock``: the GPU lock's
-    file, held shared while the CUDA context is made (None: made without the lock,
-    ``JudgeSettings.lock_startups``)."""
+    """Process entry: set up, report ready, serve one job, exit. ``startup_lock``: the GPU
+    lock's file, held shared while the CUDA context is made (``ptxgym.gpu_lock.startup_hold``;
+    None: made without the lock)."""
     log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     os.dup2(log, 1)
     os.dup2(log, 2)
@@ -136,7 +135,7 @@ def worker_main(
     # (ptxgym.gpu_lock). The judge holds the GPU alone for this worker from the job on
     # (correctness and timing) until the worker is gone.
     initialize_driver()  # outside the lock: loading the driver puts nothing on the GPU
-    with holding(Path(gpu_lock), exclusive=False) if gpu_lock else contextlib.nullcontext():
+    with startup_hold(Path(startup_lock) if startup_lock else None):
         make_context(device)
         timer = Timer()
     # CUDA, torch and CUPTI are up: from here on no new processes, no signals to others, no

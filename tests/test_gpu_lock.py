@@ -158,21 +158,29 @@ def _start_up(target: object, args: tuple[object, ...]) -> None:
     assert process.exitcode == 0
 
 
+def _probe_contexts_of(
+    module: object, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, locked: bool
+) -> str | None:
+    """Put the stand-in in place of ``module``'s ``make_context``; the lock file to hand the
+    start-up (None when it is to start without the lock)."""
+    monkeypatch.setenv("PTXGYM_LOCK_DIR", str(tmp_path / "locks"))
+    with holding(lock_path(0), exclusive=False):
+        pass  # the judge makes the lock's files before it starts workers and tool runs
+    monkeypatch.setattr(module, "make_context", _probe_lock)
+    monkeypatch.setattr(sys.modules[__name__], "_LOCK_FILE", [str(lock_path(0))])
+    return str(lock_path(0)) if locked else None
+
+
 @pytest.mark.parametrize("locked", [True, False], ids=["locked", "lock_startups_off"])
 def test_a_worker_makes_its_context_holding_the_gpu(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, locked: bool
 ) -> None:
     from ptxgym import worker
 
-    monkeypatch.setenv("PTXGYM_LOCK_DIR", str(tmp_path / "locks"))
-    with holding(lock_path(0), exclusive=False):
-        pass  # the judge makes the lock's files before it starts workers
-    monkeypatch.setattr(worker, "make_context", _probe_lock)
-    monkeypatch.setattr(sys.modules[__name__], "_LOCK_FILE", [str(lock_path(0))])
+    startup_lock = _probe_contexts_of(worker, tmp_path, monkeypatch, locked)
     log = tmp_path / "worker.log"
     _judge_end, child = multiprocessing.get_context("fork").Pipe()  # kept open meanwhile
-    gpu_lock = str(lock_path(0)) if locked else None
-    _start_up(worker.worker_main, (child, 0, str(log), str(tmp_path / "home"), gpu_lock))
+    _start_up(worker.worker_main, (child, 0, str(log), str(tmp_path / "home"), startup_lock))
     assert log.read_text().splitlines()[-1] == ("gpu held" if locked else "gpu free")
 
 
@@ -185,13 +193,9 @@ def test_a_tool_run_makes_its_context_holding_the_gpu(
 
     from ptxgym import single_call
 
-    monkeypatch.setenv("PTXGYM_LOCK_DIR", str(tmp_path / "locks"))
-    with holding(lock_path(0), exclusive=False):
-        pass
-    monkeypatch.setattr(single_call, "make_context", _probe_lock)
-    monkeypatch.setattr(sys.modules[__name__], "_LOCK_FILE", [str(lock_path(0))])
+    startup_lock = _probe_contexts_of(single_call, tmp_path, monkeypatch, locked)
     spec = tmp_path / "spec.json"
-    spec.write_text(json.dumps({"gpu_lock": str(lock_path(0)), "lock_startup": locked}))
+    spec.write_text(json.dumps({"gpu_lock": str(lock_path(0)), "startup_lock": startup_lock}))
     output = tmp_path / "out"
 
     def run() -> None:
