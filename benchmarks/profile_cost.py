@@ -96,15 +96,13 @@ def profiled_calls(task_id: str, library: str, warm_up: bool) -> None:
     axes = {**task.definition.const_axes, **workload.axes}
     seconds: dict[str, float] = {}
 
-    def timed(name: str, launch: Callable[[], object]) -> None:
-        torch.cuda.synchronize()  # earlier work (the inputs) is not the call's
+    def timed(name: str, profile: Callable[[], object]) -> None:
+        torch.cuda.synchronize()  # earlier work (the inputs) is not the profiled call's
         with seconds_into(seconds, name):
-            profiled(launch)
+            profile()
 
     if warm_up:
-        torch.cuda.synchronize()
-        with seconds_into(seconds, "warm_up"):
-            warm_up_profiler()
+        timed("warm_up", warm_up_profiler)
     entry = Entry(library, task)
     inputs = make_inputs(task, workload.payload(), 1, False)
     outputs = allocate_outputs(task, axes)
@@ -115,7 +113,7 @@ def profiled_calls(task_id: str, library: str, warm_up: bool) -> None:
             return entry(inputs, outputs, axes, stream.cuda_stream)
 
     for call in range(PROFILED_CALLS):
-        timed(f"call{call}", launch)
+        timed(f"call{call}", lambda: profiled(launch))
     print(_SECONDS_MARK + json.dumps(seconds), flush=True)
 
 

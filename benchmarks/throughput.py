@@ -35,6 +35,7 @@ from typing import Any
 from ptxgym.env import PTXKernelEnv
 from ptxgym.gpu_evaluator import LocalGPUEvaluator
 from ptxgym.judge import JudgeSettings
+from ptxgym.single_call import CALL_SECONDS_KEYS
 from ptxgym.tasks import get_task
 from ptxgym.timing import TIMING_PHASES, TRIALS
 
@@ -87,19 +88,7 @@ def trajectory(
 # Where each tool run's seconds went (ptxgym.single_call.call_seconds), and the timing's
 # (ptxgym.timing.TimingResult.phase_seconds).
 TOOL_CALL_STAGES = tuple(
-    f"{tool}_{part}"
-    for tool in ("memcheck", "profile")
-    for part in (
-        "driver",
-        "context",
-        "warm_up",
-        "ready",
-        "gpu_wait",
-        "load",
-        "inputs",
-        "call",
-        "gpu",
-    )
+    f"{tool}_{part}" for tool in ("memcheck", "profile") for part in CALL_SECONDS_KEYS
 ) + tuple(f"timing_{phase}" for phase in TIMING_PHASES)
 
 

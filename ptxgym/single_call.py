@@ -43,7 +43,8 @@ EXIT_ENTRY_FAILED = 3  # the entry point returned a CUDA error
 EXIT_NOT_WANTED = 4  # told to stop, or the judge went away, before the call
 # The line on which the program says where its seconds went (``call_seconds``).
 SECONDS_MARK = "ptxgym-single-call-seconds "
-_SECONDS_KEYS = (
+# Its parts, in order (``call_seconds``).
+CALL_SECONDS_KEYS = (
     "driver",
     "context",
     "warm_up",
@@ -262,7 +263,7 @@ def call_seconds(output: str) -> dict[str, float]:
         if line.startswith(SECONDS_MARK):
             try:
                 values = json.loads(line.removeprefix(SECONDS_MARK))
-                return {key: float(values[key]) for key in _SECONDS_KEYS if key in values}
+                return {key: float(values[key]) for key in CALL_SECONDS_KEYS if key in values}
             except (ValueError, KeyError, TypeError):
                 return {}
     return {}
