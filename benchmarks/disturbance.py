@@ -12,14 +12,13 @@ Without the lock (what the lock keeps out; each a fresh Python process per loop)
 - ``startup``: make a CUDA context (``ptxgym.gpus.make_context``) and exit;
 - ``startup-ncu``: the same under Nsight Compute (``--profile-from-start off``);
 - ``startup-memcheck``: the same under compute-sanitizer memcheck;
-- ``profiler-warm-up``: under Nsight Compute with the judge's metrics, make a context and profile
-  one trivial kernel (``ptxgym.single_call.warm_up_profiler``, which the judge's profile runs do
-  before their word), all without the lock, and exit.
+- ``profiler-warm-up``: under Nsight Compute with the judge's metrics, profile one trivial kernel
+  (a warm-up a profile run could do before its word, to pay Nsight Compute's set-up for its
+  first kernel ahead) and exit.
 
 With the lock, as the judge runs them (``ptxgym.profile.PendingProfile`` and
 ``ptxgym.sanitizer.PendingSanitizer`` on the example kernel, start-up to exit: the context made
-holding the GPU shared, a profile run's warm-up (``ptxgym.single_call.warm_up_profiler``) without
-the lock, the call holding it alone):
+holding the GPU shared, the call holding it alone):
 
 - ``profile-runs``: whole profile runs;
 - ``memcheck-runs``: whole memcheck runs.
@@ -48,8 +47,9 @@ ACTIVITIES = UNLOCKED + LOCKED
 # What a background process runs, once per loop, as its own Python program.
 _STARTUP = "from ptxgym.gpus import make_context; make_context(0)"
 _WARM_UP = (
-    "from ptxgym.gpus import make_context; from ptxgym.single_call import warm_up_profiler; "
-    "make_context(0); warm_up_profiler()"
+    "import torch; from ptxgym.gpus import make_context; make_context(0); "
+    "x = torch.ones(16, device='cuda'); torch.cuda.profiler.start(); x.add_(1); "
+    "torch.cuda.synchronize(); torch.cuda.profiler.stop()"
 )
 
 

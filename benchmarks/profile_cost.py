@@ -13,8 +13,7 @@ cost alone.
 Then, with the judge's set, what a run's *first* profiled kernel costs against later ones: one
 Nsight Compute run of a program that calls the candidate three times, each between
 ``cudaProfilerStart`` and ``cudaProfilerStop``; and one whose program first profiles a trivial
-kernel of its own (the warm-up the judge's profile runs do before their word:
-``ptxgym.single_call.warm_up_profiler``). The metric sets above are measured after such a warm-up.
+kernel of its own (a warm-up a run could do ahead of its word).
 
 Prints markdown for docs/benchmarks.md and writes OUT/profile_cost.json.
 """
@@ -82,11 +81,12 @@ def record(result: InstructionProfile) -> dict[str, Any]:
 
 def profiled_calls(task_id: str, library: str, warm_up: bool) -> None:
     """Child mode, run under Nsight Compute: call the candidate ``PROFILED_CALLS`` times, each
-    profiled (after the profile runs' warm-up, if ``warm_up``), and print the seconds of each."""
+    profiled (after a trivial kernel of our own, profiled first, if ``warm_up``), and print the
+    seconds of each."""
     import torch
 
     from ptxgym.gpus import make_context
-    from ptxgym.single_call import profiled, warm_up_profiler
+    from ptxgym.single_call import profiled
     from ptxgym.timing import seconds_into
     from ptxgym.worker import Entry, allocate_outputs, make_inputs
 
@@ -96,13 +96,14 @@ def profiled_calls(task_id: str, library: str, warm_up: bool) -> None:
     axes = {**task.definition.const_axes, **workload.axes}
     seconds: dict[str, float] = {}
 
-    def timed(name: str, profile: Callable[[], object]) -> None:
-        torch.cuda.synchronize()  # earlier work (the inputs) is not the profiled call's
+    def timed(name: str, launch: Callable[[], object]) -> None:
+        torch.cuda.synchronize()  # earlier work (the inputs) is not the call's
         with seconds_into(seconds, name):
-            profile()
+            profiled(launch)
 
     if warm_up:
-        timed("warm_up", warm_up_profiler)
+        ones = torch.ones(16, device="cuda")
+        timed("warm_up", lambda: ones.add_(1))
     entry = Entry(library, task)
     inputs = make_inputs(task, workload.payload(), 1, False)
     outputs = allocate_outputs(task, axes)
@@ -113,7 +114,7 @@ def profiled_calls(task_id: str, library: str, warm_up: bool) -> None:
             return entry(inputs, outputs, axes, stream.cuda_stream)
 
     for call in range(PROFILED_CALLS):
-        timed(f"call{call}", lambda: profiled(launch))
+        timed(f"call{call}", launch)
     print(_SECONDS_MARK + json.dumps(seconds), flush=True)
 
 

@@ -22,6 +22,16 @@ briefly by shared ones, which is what makes waiting exclusive holders come first
 waiters inside one process are served first come, first served. A process holding the GPU
 exclusively must not ask for it shared (a second ``flock`` of the same file would wait for the
 first): what it does under the exclusive hold is covered by it.
+
+Beside it, one more lock for the whole machine: Nsight Compute's turn (``profiler_turn``). Two
+processes profiling at once make the driver refuse one ("Profiling failed because a driver
+resource was unavailable": 12 of 16 runs, eight at a time, on the H200). Nsight Compute's own
+lock between its instances lives in their temporary folder, and each profile run has its own.
+One folder shared by every run made the judge's profiles fail instead (4 of the 5 profile GPU
+tests; the profiled program's writes are confined to its own folder, likely the reason). So the
+runs take turns through this lock, which like Nsight Compute's holds for the machine, not the
+GPU. A profile run holds it for its call, inside its exclusive hold of the GPU (taken after it:
+nothing holds it while waiting for a GPU).
 """
 
 from __future__ import annotations
@@ -91,6 +101,19 @@ def startup_hold(path: Path | None) -> contextlib.AbstractContextManager[object]
     return holding(path, exclusive=False) if path is not None else contextlib.nullcontext()
 
 
+def profiler_lock_path() -> Path:
+    """The lock file of Nsight Compute's turn (``profiler_turn``): one for the machine, as
+    Nsight Compute's own is."""
+    return paths.lock_dir() / "nsight-compute.lock"
+
+
+def profiler_turn(path: Path | None) -> contextlib.AbstractContextManager[float]:
+    """Profile with no other process of ours profiling: hold the lock file ``path``
+    (``profiler_lock_path``, handed to a child) alone; yields the wait. Nothing where ``path``
+    is None (a run under another tool)."""
+    return holding(path) if path is not None else contextlib.nullcontext(0.0)
+
+
 @contextmanager
 def holding(path: Path, exclusive: bool = True) -> Iterator[float]:
     """Hold the GPU whose lock file is ``path``, alone or shared (a child process is given the
@@ -118,22 +141,36 @@ def _turnstile(path: Path) -> Path:
 
 @contextmanager
 def _locked(path: Path, operation: int) -> Iterator[None]:
-    # O_CLOEXEC: processes started while it is held (workers, compilers) must not inherit it.
-    # Read-only when the file exists (flock needs no write access): a process whose writes are
-    # confined to its own folder (ptxgym.landlock), as a worker's and a single-call program's
-    # are, takes the lock too.
-    try:
-        descriptor = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    except FileNotFoundError:
-        _make_shared_folder(path.parent)
-        descriptor = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
-        with contextlib.suppress(OSError):  # others' processes open it too (umask aside)
-            os.fchmod(descriptor, 0o666)
+    descriptor = _open(path)
     try:
         fcntl.flock(descriptor, operation)
         yield
     finally:
         os.close(descriptor)  # closing releases the flock
+
+
+def lock_files(path: Path) -> Path:
+    """``path``, with the lock's files (it and its turnstile) made if missing: for a child whose
+    writes will be confined to its own folder (ptxgym.landlock), which can take a lock then but
+    not make its files."""
+    for file in (path, _turnstile(path)):
+        os.close(_open(file))
+    return path
+
+
+def _open(path: Path) -> int:
+    # O_CLOEXEC: processes started while it is held (workers, compilers) must not inherit it.
+    # Read-only when the file exists (flock needs no write access): a process whose writes are
+    # confined to its own folder (ptxgym.landlock), as a worker's and a single-call program's
+    # are, takes the lock too.
+    try:
+        return os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        _make_shared_folder(path.parent)
+        descriptor = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+        with contextlib.suppress(OSError):  # others' processes open it too (umask aside)
+            os.fchmod(descriptor, 0o666)
+        return descriptor
 
 
 def _make_shared_folder(folder: Path) -> None:

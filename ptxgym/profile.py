@@ -41,7 +41,7 @@ from ptxgym import paths
 from ptxgym.isolation import python_environment, restrict_writes, seal
 from ptxgym.processes import ProcessGroup, wait_for_word
 from ptxgym.sass import family_present
-from ptxgym.single_call import WARM_UP_KERNEL, CallJob, PendingCall, call_seconds
+from ptxgym.single_call import CallJob, PendingCall, call_seconds
 from ptxgym.tasks import Task
 
 THREAD_METRIC = "sass__thread_inst_executed_true_per_opcode"
@@ -172,12 +172,12 @@ class PendingProfile:
         if self.reader_path is None:
             self.failure = f"Nsight Compute's Python report interface was not found beside {ncu}"
             return
-        # Nsight Compute's set-up for a run's first profiled kernel (about a second) is paid
-        # before the word, on a kernel of the program's own, which the reader then drops.
+        # The run keeps its own temporary folder (where Nsight Compute keeps its lock between
+        # instances), so it takes turns with the others through ptxgym.gpu_lock.profiler_turn.
         self.call = PendingCall(
             device=device,
             prefix="ptxgym-profile-",
-            warm_up_profiler=True,
+            under_profiler=True,
             lock_startup=lock_startup,
         )
         self.report_folder = Path(tempfile.mkdtemp(prefix="ptxgym-profile-report-"))
@@ -204,7 +204,6 @@ class PendingProfile:
             [
                 *(sys.executable, "-m", "ptxgym.profile", "read", str(self.report)),
                 *("--when", str(self._read_word), "--judge", str(os.getpid())),
-                "--after-warm-up",
             ],
             env=python_environment(self.report_folder, self.reader_path),
             cwd=self.report_folder,
@@ -298,65 +297,47 @@ def _kernel_facts(kernel: Mapping[str, Any]) -> KernelFacts:
     return KernelFacts(str(kernel["name"]), **values)
 
 
-def candidate_kernels(names: Sequence[str], after_warm_up: bool) -> range:
-    """Which of a report's kernels (named in launch order) are the candidate's: all of them, but
-    the first when the run profiled its warm-up kernel (``WARM_UP_KERNEL`` in its name) first.
-    The warm-up ran before the candidate's library was loaded, so only the first kernel can be
-    it. A candidate's first kernel so named is dropped only if the warm-up's was not profiled,
-    which can only take counts from the candidate, never give it any."""
-    skip = 1 if after_warm_up and names and WARM_UP_KERNEL in names[0] else 0
-    return range(skip, len(names))
-
-
-def _read_report(report_path: str, after_warm_up: bool) -> int:
-    """Sum the per-opcode counts over the candidate's profiled kernels (``candidate_kernels``),
-    and list each one's facts (those of ``FACT_METRICS`` and ``DETAIL_METRICS`` it has); print
-    them as one JSON line."""
+def _read_report(report_path: str) -> int:
+    """Sum the per-opcode counts over every profiled kernel, and list each kernel's facts (those
+    of ``FACT_METRICS`` and ``DETAIL_METRICS`` it has); print them as one JSON line."""
     import ncu_report
 
     report = ncu_report.load_report(report_path)
-    actions = [
-        report.range_by_idx(range_index).action_by_idx(action_index)
-        for range_index in range(report.num_ranges())
-        for action_index in range(report.range_by_idx(range_index).num_actions())
-    ]
     thread: dict[str, int] = {}
     warp: dict[str, int] = {}
     kernels = []
-    for index in candidate_kernels([action.name() for action in actions], after_warm_up):
-        action = actions[index]
-        facts: dict[str, float] = {}
-        for metric_name in _ALL_FACTS.values():
-            metric = action.metric_by_name(metric_name)
-            if metric is not None:
-                facts[metric_name] = float(metric.as_double())
-        kernels.append({"name": action.name(), "metrics": facts})
-        for metric_name, totals in ((THREAD_METRIC, thread), (WARP_METRIC, warp)):
-            metric = action.metric_by_name(metric_name)
-            if metric is None:
-                continue
-            opcodes = metric.correlation_ids()
-            for instance in range(metric.num_instances()):
-                opcode = opcodes.as_string(instance)
-                totals[opcode] = totals.get(opcode, 0) + int(metric.as_uint64(instance))
+    for range_index in range(report.num_ranges()):
+        profiled_range = report.range_by_idx(range_index)
+        for action_index in range(profiled_range.num_actions()):
+            action = profiled_range.action_by_idx(action_index)
+            facts: dict[str, float] = {}
+            for metric_name in _ALL_FACTS.values():
+                metric = action.metric_by_name(metric_name)
+                if metric is not None:
+                    facts[metric_name] = float(metric.as_double())
+            kernels.append({"name": action.name(), "metrics": facts})
+            for metric_name, totals in ((THREAD_METRIC, thread), (WARP_METRIC, warp)):
+                metric = action.metric_by_name(metric_name)
+                if metric is None:
+                    continue
+                opcodes = metric.correlation_ids()
+                for index in range(metric.num_instances()):
+                    opcode = opcodes.as_string(index)
+                    totals[opcode] = totals.get(opcode, 0) + int(metric.as_uint64(index))
     print(json.dumps({"thread": thread, "warp": warp, "kernels": kernels}))
     return 0
 
 
 def main(argv: list[str]) -> int:
-    """``python -m ptxgym.profile read REPORT [--when WORD --judge PID] [--after-warm-up]``: the
-    report reader's process. With ``--when`` it gets ready (the report library, its confinement)
-    and waits until the file WORD exists, giving up when process PID (the judge) is gone. With
-    ``--after-warm-up`` it drops the run's warm-up kernel (``candidate_kernels``)."""
+    """``python -m ptxgym.profile read REPORT [--when WORD --judge PID]``: the report reader's
+    process. With ``--when`` it gets ready (the report library, its confinement) and waits until
+    the file WORD exists, giving up when process PID (the judge) is gone."""
     parser = argparse.ArgumentParser(prog="python -m ptxgym.profile")
     commands = parser.add_subparsers(dest="command", required=True)
     read = commands.add_parser("read", help="print a report's opcode counts and kernel facts")
     read.add_argument("report")
     read.add_argument("--when", type=Path, help="wait until this file exists")
     read.add_argument("--judge", type=int, default=os.getppid(), help="give up when it is gone")
-    read.add_argument(
-        "--after-warm-up", action="store_true", help="the first kernel may be the run's warm-up"
-    )
     arguments = parser.parse_args(argv)
     import ncu_report  # noqa: F401 (the slow part of the start-up, done before the word)
 
@@ -367,7 +348,7 @@ def main(argv: list[str]) -> int:
         seal(network=False)
         if not wait_for_word(arguments.when, arguments.judge):
             return EXIT_NOT_WANTED
-    return _read_report(arguments.report, arguments.after_warm_up)
+    return _read_report(arguments.report)
 
 
 if __name__ == "__main__":

@@ -7,15 +7,13 @@ candidate once between ``cudaProfilerStart`` and ``cudaProfilerStop`` (so a prof
 ``--profile-from-start off`` sees only the candidate's own launches). It never sees references.
 
 Most of such a run is start-up (the tool, Python, torch, the CUDA context under the tool), so the
-judge keeps runs started ahead of need (``PendingCall``), not yet bound to a candidate, as it
-keeps workers. A waiting run has made its CUDA context (holding the GPU shared:
-``ptxgym.gpu_lock``, unless ``JudgeSettings.lock_startups`` is off); a profile run has also
-profiled a trivial kernel of its own (``warm_up_profiler``), which pays Nsight Compute's set-up
-for its first profiled kernel, about a second, before the word instead of while the GPU is held
-alone. Then it does nothing until the word: ``go``, with the job (the candidate's library, its
-task and input set), or ``stop``. After ``go`` it holds the GPU alone to load the candidate, make
-the inputs and call it. It runs with a scrubbed environment in a folder of its own, and gives up
-waiting when the judge is gone.
+judge keeps runs started ahead of need (``PendingCall``), not yet bound to a candidate, as it keeps
+workers. A waiting run has made its CUDA context (holding the GPU shared: ``ptxgym.gpu_lock``,
+unless ``JudgeSettings.lock_startups`` is off), and does nothing until the word: ``go``, with the
+job (the candidate's library, its task and input set), or ``stop``. After ``go`` it holds the GPU
+alone to load the candidate, make the inputs and call it (a profile run profiles the call in its
+turn: ``ptxgym.gpu_lock.profiler_turn``). It runs with a scrubbed environment in a folder of its
+own, and gives up waiting when the judge is gone.
 """
 
 from __future__ import annotations
@@ -31,7 +29,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from ptxgym.gpu_lock import holding, lock_path, startup_hold
+from ptxgym.gpu_lock import (
+    holding,
+    lock_files,
+    lock_path,
+    profiler_lock_path,
+    profiler_turn,
+    startup_hold,
+)
 from ptxgym.gpus import initialize_driver, make_context, physical_device
 from ptxgym.isolation import limit_resources, python_environment, restrict_writes, seal
 from ptxgym.processes import POLL_S, ProcessGroup, wait_for_word
@@ -47,17 +52,14 @@ SECONDS_MARK = "ptxgym-single-call-seconds "
 CALL_SECONDS_KEYS = (
     "driver",
     "context",
-    "warm_up",
     "ready",
     "gpu_wait",
     "load",
     "inputs",
+    "profiler_wait",
     "call",
     "gpu",
 )
-# Part of the name of the kernel ``warm_up_profiler`` launches (torch's element-wise add), by
-# which the profile's reader tells it from the candidate's.
-WARM_UP_KERNEL = "elementwise_kernel"
 
 
 @dataclass(frozen=True)
@@ -85,11 +87,11 @@ class PendingCall:
     ``run`` hands it a job and the word; ``cancel`` drops it."""
 
     def __init__(
-        self, *, device: int, prefix: str, warm_up_profiler: bool = False, lock_startup: bool = True
+        self, *, device: int, prefix: str, under_profiler: bool = False, lock_startup: bool = True
     ) -> None:
-        """``warm_up_profiler``: the program profiles a kernel of its own before it waits for
-        the word (a run under Nsight Compute: ``warm_up_profiler``). ``lock_startup``: it makes
-        its CUDA context holding the GPU shared (``ptxgym.judge.JudgeSettings.lock_startups``)."""
+        """``under_profiler``: a run under Nsight Compute, which profiles its call only in its
+        turn (``ptxgym.gpu_lock.profiler_turn``). ``lock_startup``: it makes its CUDA context
+        holding the GPU shared (``ptxgym.judge.JudgeSettings.lock_startups``)."""
         self.folder = Path(tempfile.mkdtemp(prefix=prefix))
         self.device = device
         self._go = self.folder / "go"
@@ -105,7 +107,9 @@ class PendingCall:
             "job": str(self._job),
             "taken": str(self._taken),
             "judge_pid": os.getpid(),
-            "warm_up_profiler": warm_up_profiler,
+            # A run under Nsight Compute takes turns with the machine's other profile runs to
+            # profile (None: under another tool).
+            "profiler_lock": str(lock_files(profiler_lock_path())) if under_profiler else None,
         }
         spec_path = self.folder / "spec.json"
         spec_path.write_text(json.dumps(spec))
@@ -180,13 +184,6 @@ def run_job(spec_path: str) -> int:
     startup_lock = Path(spec["startup_lock"]) if spec["startup_lock"] else None
     with seconds_into(seconds, "context"), startup_hold(startup_lock):
         make_context(0)  # the run sees only its GPU (CUDA_VISIBLE_DEVICES)
-    if spec["warm_up_profiler"]:
-        # Without the GPU lock: the kernel adds one to sixteen numbers, and the rest is Nsight
-        # Compute's own set-up. Whole profile runs looping beside a 42-ms timing of 15 calls
-        # moved it by -0.07 % to +2.02 % on the H200 (benchmarks/disturbance.py,
-        # ``profile-runs``; docs/benchmarks.md, eighth session).
-        with seconds_into(seconds, "warm_up"):
-            warm_up_profiler()
     # The tools talk to this process over sockets, so those stay; the rest of the filter holds.
     seal(network=True)
     # Writes only in this call's folder from here on (the tool's own processes write the report).
@@ -217,8 +214,11 @@ def run_job(spec_path: str) -> int:
             with torch.cuda.stream(stream):
                 return entry(inputs, outputs, axes, stream.cuda_stream)
 
-        with seconds_into(seconds, "call"):
-            code = profiled(call_entry)
+        profiler_lock = Path(spec["profiler_lock"]) if spec["profiler_lock"] else None
+        with profiler_turn(profiler_lock) as profiler_waited:
+            seconds["profiler_wait"] = profiler_waited
+            with seconds_into(seconds, "call"):
+                code = profiled(call_entry)
     seconds["gpu_wait"] = waited
     seconds["gpu"] = time.perf_counter() - started - waited
     # Last, after anything the candidate printed: the judge reads the last such line.
@@ -240,24 +240,16 @@ def profiled(launch: Callable[[], T]) -> T:
     return result
 
 
-def warm_up_profiler() -> None:
-    """Profile one trivial kernel (``WARM_UP_KERNEL``), so that a profiler started with
-    ``--profile-from-start off`` has done its set-up for the first profiled kernel."""
-    import torch
-
-    numbers = torch.zeros(16, device="cuda")
-    profiled(lambda: numbers.add_(1))
-
-
 def call_seconds(output: str) -> dict[str, float]:
     """Where a run's seconds went, from the last line it printed for the judge. Before the
     word: ``driver`` (loading the driver and the tool's injection, outside the GPU lock),
-    ``context`` (making the CUDA context under the tool, waiting for the GPU shared included),
-    ``warm_up`` (a profile run's ``warm_up_profiler``) and ``ready`` (waiting for the word;
+    ``context`` (making the CUDA context under the tool, waiting for the GPU shared included)
+    and ``ready`` (waiting for the word;
     about 0 when the start-up itself kept the judge waiting). After it: ``gpu_wait`` (waiting
     to have the GPU alone) and ``gpu`` (holding it), made of ``load`` (the candidate's
-    library), ``inputs`` (its inputs and outputs) and ``call`` (the call under the tool: for
-    the profile, its replays). Empty when there is no such line (the run failed before its
+    library), ``inputs`` (its inputs and outputs), ``profiler_wait`` (a profile run's wait for
+    its turn to profile, ``ptxgym.gpu_lock.profiler_turn``) and ``call`` (the call under the
+    tool: for the profile, its replays). Empty when there is no such line (the run failed before its
     end). For the stage breakdown only: nothing is judged on it."""
     for line in reversed(output.splitlines()):
         if line.startswith(SECONDS_MARK):

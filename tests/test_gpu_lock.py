@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from ptxgym.gpu_lock import exclusive_gpu, holding, lock_path
+from ptxgym.gpu_lock import exclusive_gpu, holding, lock_path, profiler_lock_path
 
 
 def _hold(cache: str, locks: str, log: str, label: str) -> None:
@@ -131,22 +131,23 @@ def test_a_waiting_exclusive_holder_goes_before_later_shared_ones(
     assert order == ["first shared", "exclusive", "late shared"]
 
 
-# A stand-in for ``make_context`` in a start-up: writes to its standard output whether a timing
-# could have the GPU now (an exclusive lock refused: someone holds it), then ends the process.
+# A stand-in for ``make_context`` (or a profile run's warm-up) in a start-up: writes to its
+# standard output whether the lock of ``_LOCK_FILE`` could be taken alone now ("held": someone
+# holds it), then ends the process.
 # The lock's path is read before the start-up scrubs the environment.
 _LOCK_FILE: list[str] = []
 
 
-def _probe_lock(device: int) -> None:
+def _probe_lock(*_: object) -> None:
     import fcntl
     import os
 
     descriptor = os.open(_LOCK_FILE[0], os.O_RDONLY)
     try:
         fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        os.write(1, b"gpu free\n")
+        os.write(1, b"free\n")
     except BlockingIOError:
-        os.write(1, b"gpu held\n")
+        os.write(1, b"held\n")
     os._exit(0)
 
 
@@ -181,27 +182,86 @@ def test_a_worker_makes_its_context_holding_the_gpu(
     log = tmp_path / "worker.log"
     _judge_end, child = multiprocessing.get_context("fork").Pipe()  # kept open meanwhile
     _start_up(worker.worker_main, (child, 0, str(log), str(tmp_path / "home"), startup_lock))
-    assert log.read_text().splitlines()[-1] == ("gpu held" if locked else "gpu free")
+    assert log.read_text().splitlines()[-1] == ("held" if locked else "free")
 
 
 @pytest.mark.parametrize("locked", [True, False], ids=["locked", "lock_startups_off"])
 def test_a_tool_run_makes_its_context_holding_the_gpu(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, locked: bool
 ) -> None:
+    from ptxgym import single_call
+
+    startup_lock = _probe_contexts_of(single_call, tmp_path, monkeypatch, locked)
+    spec = {"gpu_lock": str(lock_path(0)), "startup_lock": startup_lock, "profiler_lock": None}
+    assert _run_job_output(spec, tmp_path)[-1] == ("held" if locked else "free")
+
+
+def _run_job_output(spec: dict[str, object], tmp_path: Path) -> list[str]:
+    """The lines a single-call program with ``spec`` writes, run in a forked child."""
     import json
     import os
 
     from ptxgym import single_call
 
-    startup_lock = _probe_contexts_of(single_call, tmp_path, monkeypatch, locked)
-    spec = tmp_path / "spec.json"
-    spec.write_text(json.dumps({"gpu_lock": str(lock_path(0)), "startup_lock": startup_lock}))
+    spec_path = tmp_path / "spec.json"
+    spec_path.write_text(json.dumps(spec))
     output = tmp_path / "out"
 
     def run() -> None:
         descriptor = os.open(output, os.O_WRONLY | os.O_CREAT, 0o600)
         os.dup2(descriptor, 1)
-        single_call.run_job(str(spec))
+        single_call.run_job(str(spec_path))
 
     _start_up(run, ())
-    assert output.read_text().splitlines()[-1] == ("gpu held" if locked else "gpu free")
+    return output.read_text().splitlines()
+
+
+def test_only_a_profile_run_takes_the_profilers_turn(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Two processes profiling at once: the driver refuses one (12 of 16 runs, eight at a time,
+    # each with a temporary folder of its own, as Nsight Compute's own lock then sees none of
+    # the others: docs/benchmarks.md, ninth session). The lock's file is made for the run, which
+    # cannot make it once its writes are confined.
+    import json
+
+    from ptxgym.single_call import PendingCall
+
+    monkeypatch.setenv("PTXGYM_LOCK_DIR", str(tmp_path / "locks"))
+    profile_run = PendingCall(device=0, prefix="profile-", under_profiler=True)
+    sanitizer_run = PendingCall(device=0, prefix="memcheck-")
+    try:
+        profile_spec = json.loads((profile_run.folder / "spec.json").read_text())
+        sanitizer_spec = json.loads((sanitizer_run.folder / "spec.json").read_text())
+    finally:
+        profile_run.close()
+        sanitizer_run.close()
+    assert profile_spec["profiler_lock"] == str(profiler_lock_path())
+    assert profiler_lock_path().parent == tmp_path / "locks"
+    assert sanitizer_spec["profiler_lock"] is None
+    # The run takes its turn with its writes confined to its folder (ptxgym.landlock): the
+    # lock's files were made for it.
+    confined = multiprocessing.get_context("fork").Process(
+        target=_take_turn_confined, args=(str(tmp_path / "run"), profile_spec["profiler_lock"])
+    )
+    confined.start()
+    confined.join(timeout=60)
+    if confined.exitcode == _NO_LANDLOCK:
+        pytest.skip("no Landlock here: writes cannot be confined")
+    assert confined.exitcode == 0
+
+
+_NO_LANDLOCK = 3
+
+
+def _take_turn_confined(folder: str, profiler_lock: str) -> None:
+    import os
+
+    from ptxgym.gpu_lock import profiler_turn
+    from ptxgym.isolation import restrict_writes
+
+    Path(folder).mkdir()
+    if not restrict_writes(Path(folder)):
+        os._exit(_NO_LANDLOCK)
+    with profiler_turn(Path(profiler_lock)):
+        pass

@@ -18,7 +18,6 @@ from ptxgym.profile import (
     PROFILE_METRICS,
     InstructionProfile,
     KernelFacts,
-    candidate_kernels,
     families_executed,
     profile_candidate,
 )
@@ -128,12 +127,6 @@ class _Report:
         return 1
     def range_by_idx(self, index):
         return _Range([
-            # The run's own warm-up kernel (ptxgym.single_call.warm_up_profiler), profiled first.
-            _Action("vectorized_elementwise_kernel", {
-                "sass__thread_inst_executed_true_per_opcode": {"FADD": 16, "HGMMA": 1},
-                "sass__inst_executed_per_opcode": {"FADD": 1, "HGMMA": 1},
-                "gpu__time_duration.sum": 2000.0,
-            }),
             _Action("producer", {
                 "sass__thread_inst_executed_true_per_opcode": {"HGMMA": 256, "FFMA": 7},
                 "sass__inst_executed_per_opcode": {"HGMMA": 8, "FFMA": 1},
@@ -179,7 +172,6 @@ def test_report_is_read_through_the_report_interface(recording_ncu: Path) -> Non
         ),
         KernelFacts("epilogue"),
     )
-    # The run's warm-up kernel (first in the report) is neither counted nor listed.
     arguments = recording_ncu.read_text()
     for expected in (
         "--profile-from-start off",
@@ -192,16 +184,6 @@ def test_report_is_read_through_the_report_interface(recording_ncu: Path) -> Non
     assert "--section" not in arguments  # named metrics only: each section adds replay passes
     # The details (hardware counter passes of their own) only on request.
     assert not any(metric in arguments for metric in DETAIL_METRICS.values())
-
-
-def test_only_a_first_kernel_named_as_the_warm_up_is_dropped() -> None:
-    warm_up = "vectorized_elementwise_kernel"
-    assert candidate_kernels([warm_up, "gemm", warm_up], after_warm_up=True) == range(1, 3)
-    # The warm-up's kernel was not profiled: the candidate's first kernel stays.
-    assert candidate_kernels(["gemm", warm_up], after_warm_up=True) == range(0, 2)
-    # A run without a warm-up keeps every kernel, whatever it is called.
-    assert candidate_kernels([warm_up, "gemm"], after_warm_up=False) == range(0, 2)
-    assert candidate_kernels([], after_warm_up=True) == range(0, 0)
 
 
 def test_details_are_collected_on_request(recording_ncu: Path) -> None:
