@@ -1,0 +1,122 @@
+"""Where an evaluation's CPU time goes, by the kind of process that spends it.
+
+At 16 trajectories the H200 host's 16 CPU cores, not the GPU, bounded throughput: an evaluation
+cost about 30-45 CPU-seconds (docs/benchmarks.md, ninth session). This benchmark measures, one
+at a time and otherwise idle, the CPU seconds (user + system, as the kernel accounts them for
+this process and every child it has reaped) of:
+
+- ``compile``: nvcc on the example, into an empty build cache;
+- ``memcheck run`` and ``profile run``: one tool run of the judge's, from its start-up to its
+  end, with the example's call (the profile run's report reader included);
+- ``evaluation, tools off``: an evaluation in a judge of this process with memcheck and the
+  profile off: the worker's start-up, and the judge's own part of correctness and timing;
+- ``evaluation, every stage on``: the same with the judge's default settings.
+
+The evaluations are ``--evaluations`` in a row after one that builds the workload state; the
+judge keeps one spare worker (and one spare run per tool) started ahead, so each evaluation
+pays for one of each, started during it. Run on a GPU host: ``python benchmarks/cpu_cost.py
+--out DIR``. Prints markdown for docs/benchmarks.md and writes OUT/cpu_cost.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import functools
+import json
+import os
+import resource
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from ptxgym.compiler import compile_source
+from ptxgym.gpu_evaluator import incompatibility
+from ptxgym.gpus import visible_gpus
+from ptxgym.judge import Judge, JudgeSettings
+from ptxgym.profile import PendingProfile
+from ptxgym.sanitizer import PendingSanitizer
+from ptxgym.single_call import CallJob
+from ptxgym.tasks import get_task
+
+
+def cpu_seconds() -> float:
+    """User and system CPU seconds so far of this process and of its reaped children."""
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+def measured(work: Callable[[], object], times: int = 1) -> dict[str, float]:
+    """CPU and wall seconds of ``work`` per repetition, over ``times`` repetitions."""
+    cpu, wall = cpu_seconds(), time.perf_counter()
+    for _ in range(times):
+        work()
+    return {
+        "cpu_s": (cpu_seconds() - cpu) / times,
+        "wall_s": (time.perf_counter() - wall) / times,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/out"))
+    parser.add_argument("--task", default="PTX-H100-GEMM")
+    parser.add_argument("--example", type=Path, default=Path("examples/expert/gemm.cu"))
+    parser.add_argument("--evaluations", type=int, default=3)
+    args = parser.parse_args()
+    task = get_task(args.task)
+    if reason := incompatibility(task):
+        raise SystemExit(f"cannot run here: {reason}")
+    source = args.example.read_text()
+    rows: dict[str, dict[str, float]] = {}
+
+    with tempfile.TemporaryDirectory(prefix="ptxgym-cpu-cost-") as cache:
+        builds = []
+        rows["compile"] = measured(
+            lambda: builds.append(compile_source(source, task, cache_root=Path(cache)))
+        )
+    build = builds[0]
+    if not build.ok or build.library is None:
+        raise SystemExit(f"the example did not compile:\n{build.log}")
+    library = build.library
+    job = CallJob(task, library, task.workloads[0].payload(), seed=1)
+    rows["memcheck run"] = measured(lambda: PendingSanitizer(device=0).finish(job))
+    rows["profile run"] = measured(lambda: PendingProfile(device=0).finish(job))
+
+    for label, settings in (
+        ("evaluation, tools off", JudgeSettings(memcheck=False, profile=False)),
+        ("evaluation, every stage on", JudgeSettings()),
+    ):
+        judge = Judge(0, dataclasses.replace(settings, spare_workers=1))
+        try:
+            judge.evaluate(task, library)  # builds the workload state, starts the spares
+            evaluation = functools.partial(judge.evaluate, task, library)
+            rows[label] = measured(evaluation, args.evaluations)
+        finally:
+            judge.close()
+
+    gpus = visible_gpus()
+    results: dict[str, Any] = {
+        "date": datetime.date.today().isoformat(),
+        "gpu": gpus[0].name if gpus else "unknown",
+        "cores": os.cpu_count(),
+        "task": args.task,
+        "example": str(args.example),
+        "rows": rows,
+    }
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "cpu_cost.json").write_text(json.dumps(results, indent=1))
+    print(f"# CPU cost by process kind, {results['date']}, {results['gpu']}, {args.task}")
+    print(f"example {args.example}; {results['cores']} cores; one at a time, otherwise idle\n")
+    print("| what | CPU s | wall s |")
+    print("|---|---|---|")
+    for label, row in rows.items():
+        print(f"| {label} | {row['cpu_s']:.2f} | {row['wall_s']:.2f} |")
+
+
+if __name__ == "__main__":
+    main()
