@@ -116,8 +116,9 @@ def profiler_turn(path: Path | None) -> contextlib.AbstractContextManager[float]
 
 @contextmanager
 def holding(path: Path, exclusive: bool = True) -> Iterator[float]:
-    """Hold the GPU whose lock file is ``path``, alone or shared (a child process is given the
-    path, since its scrubbed environment cannot locate ptxgym's folders)."""
+    """Hold the lock whose file is ``path`` (a GPU's, or the profiler's turn), alone or shared
+    (a child process is given the path, since its scrubbed environment cannot locate ptxgym's
+    folders)."""
     started = time.perf_counter()
     if not exclusive:
         with _locked(_turnstile(path), fcntl.LOCK_EX):
