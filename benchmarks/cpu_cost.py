@@ -5,6 +5,9 @@ cost about 30-45 CPU-seconds (docs/benchmarks.md, ninth session). This benchmark
 at a time and otherwise idle, the CPU seconds (user + system, as the kernel accounts them for
 this process and every child it has reaped) of:
 
+- ``import torch``: a new Python process that imports torch and ends (every worker and tool
+  run does it), and whether torch's compiled bytecode is on disk beside it (without it, every
+  import compiles torch's Python again);
 - ``compile``: nvcc on the example, into an empty build cache;
 - ``memcheck run`` and ``profile run``: one tool run of the judge's, from its start-up to its
   end, with the example's call (the profile run's report reader included);
@@ -27,6 +30,8 @@ import functools
 import json
 import os
 import resource
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -61,6 +66,16 @@ def measured(work: Callable[[], object], times: int = 1) -> dict[str, float]:
     }
 
 
+def torch_bytecode_cached() -> bool:
+    """Whether torch's package has its compiled bytecode on disk (checked on its __init__)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("torch")
+    if spec is None or spec.origin is None:
+        return False
+    return Path(importlib.util.cache_from_source(spec.origin)).is_file()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", type=Path, default=Path("benchmarks/out"))
@@ -73,6 +88,9 @@ def main() -> None:
         raise SystemExit(f"cannot run here: {reason}")
     source = args.example.read_text()
     rows: dict[str, dict[str, float]] = {}
+    rows["import torch"] = measured(
+        lambda: subprocess.run([sys.executable, "-c", "import torch"], check=True)
+    )
 
     with tempfile.TemporaryDirectory(prefix="ptxgym-cpu-cost-") as cache:
         builds = []
@@ -106,12 +124,16 @@ def main() -> None:
         "cores": os.cpu_count(),
         "task": args.task,
         "example": str(args.example),
+        "torch_bytecode_cached": torch_bytecode_cached(),
         "rows": rows,
     }
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "cpu_cost.json").write_text(json.dumps(results, indent=1))
     print(f"# CPU cost by process kind, {results['date']}, {results['gpu']}, {args.task}")
-    print(f"example {args.example}; {results['cores']} cores; one at a time, otherwise idle\n")
+    print(
+        f"example {args.example}; {results['cores']} cores; one at a time, otherwise idle; "
+        f"torch's bytecode cached on disk: {results['torch_bytecode_cached']}\n"
+    )
     print("| what | CPU s | wall s |")
     print("|---|---|---|")
     for label, row in rows.items():
