@@ -3,7 +3,7 @@
 At 16 trajectories the H200 host's 16 CPU cores, not the GPU, bounded throughput: an evaluation
 cost about 30-45 CPU-seconds (docs/benchmarks.md, ninth session). This benchmark measures, one
 at a time and otherwise idle, the CPU seconds (user + system, as the kernel accounts them for
-this process and every child it has reaped) of:
+this process and its descendants) of:
 
 - ``import torch``: a new Python process that imports torch and ends (every worker and tool
   run does it), and whether torch's compiled bytecode is on disk beside it (without it, every
@@ -12,7 +12,9 @@ this process and every child it has reaped) of:
 - ``memcheck run`` and ``profile run``: one tool run of the judge's, from its start-up to its
   end, with the example's call (the profile run's report reader included);
 - ``evaluation, tools off``: an evaluation in a judge of this process with memcheck and the
-  profile off: the worker's start-up, and the judge's own part of correctness and timing;
+  profile off: the worker's start-up, and the judge's own part of correctness and timing; then
+  the same with workers forked from a process that has imported torch
+  (``JudgeSettings.fork_workers``);
 - ``evaluation, every stage on``: the same with the judge's default settings.
 
 The evaluations are ``--evaluations`` in a row after one that builds the workload state; the
@@ -42,6 +44,7 @@ from ptxgym.compiler import compile_source
 from ptxgym.gpu_evaluator import incompatibility
 from ptxgym.gpus import visible_gpus
 from ptxgym.judge import Judge, JudgeSettings
+from ptxgym.processes import stat_fields
 from ptxgym.profile import PendingProfile
 from ptxgym.sanitizer import PendingSanitizer
 from ptxgym.single_call import CallJob
@@ -49,10 +52,23 @@ from ptxgym.tasks import get_task
 
 
 def cpu_seconds() -> float:
-    """User and system CPU seconds so far of this process and of its reaped children."""
+    """User and system CPU seconds so far of this process and its descendants: its own, its
+    reaped children's (with their reaped children's), and each live child's own and reaped
+    children's. The last matters for workers forked by a forkserver: their parent is the
+    forkserver, a live child of this process, not this process."""
     own = resource.getrusage(resource.RUSAGE_SELF)
-    children = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+    reaped = resource.getrusage(resource.RUSAGE_CHILDREN)
+    total = own.ru_utime + own.ru_stime + reaped.ru_utime + reaped.ru_stime
+    ticks = os.sysconf("SC_CLK_TCK")
+    for children in Path("/proc/self/task").glob("*/children"):
+        for pid in children.read_text().split():
+            try:
+                fields = stat_fields(Path(f"/proc/{pid}/stat"))
+            except (OSError, IndexError):
+                continue  # ended meanwhile
+            # utime, stime, cutime, cstime: fields 14 to 17 of proc(5)
+            total += sum(int(value) for value in fields[11:15]) / ticks
+    return total
 
 
 def measured(work: Callable[[], object], times: int = 1) -> dict[str, float]:
@@ -105,8 +121,11 @@ def main() -> None:
     rows["memcheck run"] = measured(lambda: PendingSanitizer(device=0).finish(job))
     rows["profile run"] = measured(lambda: PendingProfile(device=0).finish(job))
 
+    tools_off = JudgeSettings(memcheck=False, profile=False)
+    forked = dataclasses.replace(tools_off, fork_workers=True)
     for label, settings in (
-        ("evaluation, tools off", JudgeSettings(memcheck=False, profile=False)),
+        ("evaluation, tools off", tools_off),
+        ("evaluation, tools off, workers forked", forked),
         ("evaluation, every stage on", JudgeSettings()),
     ):
         judge = Judge(0, dataclasses.replace(settings, spare_workers=1))

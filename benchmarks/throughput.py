@@ -204,6 +204,12 @@ def main() -> None:
         "(JudgeSettings.lock_startups=False)",
     )
     parser.add_argument(
+        "--fork-workers",
+        action="store_true",
+        help="workers forked from a process that has imported torch "
+        "(JudgeSettings.fork_workers=True)",
+    )
+    parser.add_argument(
         "--level-evaluations",
         type=int,
         default=32,
@@ -215,7 +221,9 @@ def main() -> None:
     source = args.example.read_text()
     task = get_task(args.task)
     settings = JudgeSettings(
-        concurrency=args.judge_concurrency, lock_startups=not args.unlocked_startups
+        concurrency=args.judge_concurrency,
+        lock_startups=not args.unlocked_startups,
+        fork_workers=args.fork_workers,
     )
     evaluator = LocalGPUEvaluator(settings=settings)
     results: dict[str, Any] = {
@@ -249,6 +257,7 @@ def main() -> None:
                 profile=False,
                 reuse_state=reuse_state,
                 lock_startups=settings.lock_startups,
+                fork_workers=settings.fork_workers,
             )
             sequential = LocalGPUEvaluator(settings=plain)
             records = trajectory(
@@ -310,8 +319,10 @@ def report(results: dict[str, Any]) -> None:
     if "first_step" in results:
         first = results["first_step"]["step_s"]
         startups = "locked" if results["settings"]["lock_startups"] else "without the lock"
+        workers = "forked" if results["settings"]["fork_workers"] else "spawned"
         print(
-            f"example {results['example']}; first step {first:.1f} s; CUDA start-ups {startups}\n"
+            f"example {results['example']}; first step {first:.1f} s; CUDA start-ups {startups}; "
+            f"workers {workers}\n"
         )
     if results.get("levels"):
         report_levels(results["levels"])

@@ -47,7 +47,7 @@ from ptxgym.timing import (
     WorkloadTiming,
 )
 from ptxgym.tool_runs import PendingRun, ToolKind, ToolRuns
-from ptxgym.worker import make_inputs, resolve_callable, worker_main
+from ptxgym.worker import WORKER_IMPORTS, make_inputs, resolve_callable, worker_main
 
 _random = random.SystemRandom()  # which timed calls are checked: not predictable from outside
 _LOG_TAIL_CHARS = 2000
@@ -109,6 +109,12 @@ class JudgeSettings:
     # with the lock; but start-ups beside a long kernel timed with few calls moved its timing
     # by up to 8 % (a 42-ms GEMM timed with 3 trials of 5; docs/benchmarks.md).
     lock_startups: bool = True
+    # Workers forked from a process of the judge's that has imported what a worker imports
+    # (``worker_context``) instead of started afresh: a fresh one imports Python's and torch's
+    # modules again (making a context in a new Python cost 7.4 CPU-seconds on the H200 host, of
+    # which importing torch 6.2), and at 16 trajectories the host's CPU is the bound. Off until
+    # measured on a GPU (benchmarks/cpu_cost.py, benchmarks/throughput.py --fork-workers).
+    fork_workers: bool = False
 
 
 @dataclass(frozen=True)
@@ -180,6 +186,17 @@ class _WorkloadState:
             for tensor in stage.references.values()
             if hasattr(tensor, "nbytes")
         )
+
+
+def worker_context(fork: bool) -> multiprocessing.context.BaseContext:
+    """How the judge starts its workers: afresh (``spawn``), or with ``fork`` forked from a
+    process of the judge's that has imported ``WORKER_IMPORTS`` (Python's ``forkserver``, which
+    is never the judge itself: the judge holds a CUDA context, which a fork must not copy)."""
+    if not fork:
+        return multiprocessing.get_context("spawn")
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(list(WORKER_IMPORTS))
+    return context
 
 
 class _Worker:
@@ -264,7 +281,7 @@ class Judge:
         with shared_gpu(device):  # a context made beside a timing moves it (ptxgym.gpu_lock)
             make_context(device)
             self.timer = Timer()
-        self.context = multiprocessing.get_context("spawn")
+        self.context = worker_context(settings.fork_workers)
         self.folder = Path(tempfile.mkdtemp(prefix="ptxgym-judge-"))
         # Least recently used first; evicted beyond settings.state_budget_bytes.
         self.states: collections.OrderedDict[tuple[str, str], _WorkloadState] = (

@@ -29,6 +29,10 @@ from ptxgym.timing import Timer
 if TYPE_CHECKING:
     import torch
 
+# What a worker imports before its job (Python's part of its start-up): a judge that forks its
+# workers (JudgeSettings.fork_workers) has them imported once, in the process it forks them
+# from. Importing them touches no GPU: CUDA starts in the worker.
+WORKER_IMPORTS = ("torch", "ptxgym.worker")
 _POISON = float("nan")
 _TORCH_DTYPES = {"bfloat16": "bfloat16", "float32": "float32", "int32": "int32"}
 

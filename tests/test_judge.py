@@ -1,16 +1,19 @@
 """The judge's pieces that need no GPU: cached baselines, the worker log's tail, workers that
-cannot start."""
+cannot start, and how workers are started."""
 
 from __future__ import annotations
 
+import sys
+from multiprocessing.connection import Connection
 from pathlib import Path
 
 import pytest
 
 from ptxgym import judge as judge_module
 from ptxgym.baselines import baseline_key, cached_baseline, store_baseline
-from ptxgym.judge import Judge, JudgeSettings, WorkerStartError, _Worker
+from ptxgym.judge import Judge, JudgeSettings, WorkerStartError, _Worker, worker_context
 from ptxgym.tasks import get_task
+from ptxgym.worker import WORKER_IMPORTS
 
 GEMM = get_task("PTX-H100-GEMM")
 
@@ -128,3 +131,24 @@ def test_the_output_arena_fits_every_tasks_outputs() -> None:
     for task in registry().values():
         for workload in task.workloads:
             assert _output_bytes(task, workload) > 0
+
+
+def _report_imports(conn: Connection) -> None:
+    """In a started worker process: which of a worker's imports were there when it began."""
+    conn.send(sorted(name for name in WORKER_IMPORTS if name in sys.modules))
+
+
+@pytest.mark.parametrize("fork", [True, False], ids=["forked", "spawned"])
+def test_forked_workers_begin_with_their_imports_done(fork: bool) -> None:
+    # A fresh worker imports Python's and torch's modules again (most of a start-up's CPU time
+    # on the H200 host); one forked from the judge's forkserver has them already.
+    context = worker_context(fork)
+    parent, child = context.Pipe()
+    process = context.Process(target=_report_imports, args=(child,))
+    process.start()
+    child.close()
+    assert parent.poll(120)
+    imported = parent.recv()
+    process.join(timeout=30)
+    assert process.exitcode == 0
+    assert ("torch" in imported) is fork
