@@ -44,18 +44,22 @@ from ptxgym.compiler import compile_source
 from ptxgym.gpu_evaluator import incompatibility
 from ptxgym.gpus import visible_gpus
 from ptxgym.judge import Judge, JudgeSettings
+from ptxgym.outcome import Status
 from ptxgym.processes import stat_fields
 from ptxgym.profile import PendingProfile
 from ptxgym.sanitizer import PendingSanitizer
 from ptxgym.single_call import CallJob
-from ptxgym.tasks import get_task
+from ptxgym.tasks import Task, get_task
 
 
 def cpu_seconds() -> float:
     """User and system CPU seconds so far of this process and its descendants: its own, its
     reaped children's (with their reaped children's), and each live child's own and reaped
     children's. The last matters for workers forked by a forkserver: their parent is the
-    forkserver, a live child of this process, not this process."""
+    forkserver, a live child of this process, which reaps them. Not counted: grandchildren
+    still alive (a spare worker under the forkserver, the program a running tool started),
+    and a child reaped between the two readings; where the kernel has no
+    ``/proc/PID/task/TID/children``, live children add nothing."""
     own = resource.getrusage(resource.RUSAGE_SELF)
     reaped = resource.getrusage(resource.RUSAGE_CHILDREN)
     total = own.ru_utime + own.ru_stime + reaped.ru_utime + reaped.ru_stime
@@ -92,6 +96,50 @@ def torch_bytecode_cached() -> bool:
     return Path(importlib.util.cache_from_source(spec.origin)).is_file()
 
 
+def checked_evaluation(judge: Judge, task: Task, library: str, label: str) -> None:
+    """One evaluation, which must pass (and qualify, where the profile is on)."""
+    verdict = judge.evaluate(task, library)
+    if verdict.status is not Status.PASSED:
+        raise SystemExit(f"{label}: {verdict.status.value}: {verdict.message}")
+    if judge.settings.profile and (verdict.profile is None or not verdict.profile.qualified):
+        raise SystemExit(f"{label}: the profile did not qualify the example")
+
+
+def tool_and_evaluation_rows(task: Task, library: str, evaluations: int) -> dict[str, Any]:
+    """The rows of the tool runs and the evaluations; stops at the first that did not work (a
+    failed run costs less than one that did, so its seconds would mislead)."""
+    job = CallJob(task, library, task.workloads[0].payload(), seed=1)
+    rows: dict[str, Any] = {}
+
+    def memcheck_run() -> None:
+        report = PendingSanitizer(device=0).finish(job)
+        if not report.ok:
+            raise SystemExit(f"the memcheck run failed: {report.reason}")
+
+    def profile_run() -> None:
+        profile = PendingProfile(device=0).finish(job)
+        if not profile.ok or not profile.qualified:
+            raise SystemExit(f"the profile run failed or did not qualify: {profile.reason}")
+
+    rows["memcheck run"] = measured(memcheck_run)
+    rows["profile run"] = measured(profile_run)
+    tools_off = JudgeSettings(memcheck=False, profile=False)
+    forked = dataclasses.replace(tools_off, fork_workers=True)
+    for label, settings in (
+        ("evaluation, tools off", tools_off),
+        ("evaluation, tools off, workers forked", forked),
+        ("evaluation, every stage on", JudgeSettings()),
+    ):
+        judge = Judge(0, dataclasses.replace(settings, spare_workers=1))
+        evaluation = functools.partial(checked_evaluation, judge, task, library, label)
+        try:
+            evaluation()  # builds the workload state, starts the spares
+            rows[label] = measured(evaluation, evaluations)
+        finally:
+            judge.close()
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", type=Path, default=Path("benchmarks/out"))
@@ -108,33 +156,16 @@ def main() -> None:
         lambda: subprocess.run([sys.executable, "-c", "import torch"], check=True)
     )
 
+    # The build cache lives as long as the runs that load its library.
     with tempfile.TemporaryDirectory(prefix="ptxgym-cpu-cost-") as cache:
         builds = []
         rows["compile"] = measured(
             lambda: builds.append(compile_source(source, task, cache_root=Path(cache)))
         )
-    build = builds[0]
-    if not build.ok or build.library is None:
-        raise SystemExit(f"the example did not compile:\n{build.log}")
-    library = build.library
-    job = CallJob(task, library, task.workloads[0].payload(), seed=1)
-    rows["memcheck run"] = measured(lambda: PendingSanitizer(device=0).finish(job))
-    rows["profile run"] = measured(lambda: PendingProfile(device=0).finish(job))
-
-    tools_off = JudgeSettings(memcheck=False, profile=False)
-    forked = dataclasses.replace(tools_off, fork_workers=True)
-    for label, settings in (
-        ("evaluation, tools off", tools_off),
-        ("evaluation, tools off, workers forked", forked),
-        ("evaluation, every stage on", JudgeSettings()),
-    ):
-        judge = Judge(0, dataclasses.replace(settings, spare_workers=1))
-        try:
-            judge.evaluate(task, library)  # builds the workload state, starts the spares
-            evaluation = functools.partial(judge.evaluate, task, library)
-            rows[label] = measured(evaluation, args.evaluations)
-        finally:
-            judge.close()
+        build = builds[0]
+        if not build.ok or build.library is None:
+            raise SystemExit(f"the example did not compile:\n{build.log}")
+        rows.update(tool_and_evaluation_rows(task, build.library, args.evaluations))
 
     gpus = visible_gpus()
     results: dict[str, Any] = {

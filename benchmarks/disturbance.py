@@ -11,10 +11,10 @@ Without the lock (what the lock keeps out; each a fresh Python process per loop)
 
 - ``startup``: make a CUDA context (``ptxgym.gpus.make_context``) and exit;
 - ``startup-ncu``: the same under Nsight Compute (``--profile-from-start off``);
-- ``startup-memcheck``: the same under compute-sanitizer memcheck;
-- ``profiler-warm-up``: under Nsight Compute with the judge's metrics, profile one trivial kernel
-  (a warm-up a profile run could do before its word, to pay Nsight Compute's set-up for its
-  first kernel ahead) and exit.
+- ``startup-memcheck``: the same under compute-sanitizer memcheck.
+
+(Profiling outside the lock is not among them: two processes profiling at once make the driver
+refuse one, docs/benchmarks.md, ninth session.)
 
 With the lock, as the judge runs them (``ptxgym.profile.PendingProfile`` and
 ``ptxgym.sanitizer.PendingSanitizer`` on the example kernel, start-up to exit: the context made
@@ -36,30 +36,24 @@ import json
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-UNLOCKED = ("startup", "startup-ncu", "startup-memcheck", "profiler-warm-up")
+UNLOCKED = ("startup", "startup-ncu", "startup-memcheck")
 LOCKED = ("profile-runs", "memcheck-runs")
 ACTIVITIES = UNLOCKED + LOCKED
 # What a background process runs, once per loop, as its own Python program.
 _STARTUP = "from ptxgym.gpus import make_context; make_context(0)"
-_WARM_UP = (
-    "import torch; from ptxgym.gpus import make_context; make_context(0); "
-    "x = torch.ones(16, device='cuda'); torch.cuda.profiler.start(); x.add_(1); "
-    "torch.cuda.synchronize(); torch.cuda.profiler.stop()"
-)
 
 
-def unlocked_command(activity: str, report: Path) -> list[str]:
+def unlocked_command(activity: str) -> list[str]:
     """The command a background process repeats for an activity of ``UNLOCKED``."""
-    from ptxgym.profile import PROFILE_METRICS, find_ncu
+    from ptxgym.profile import find_ncu
     from ptxgym.sanitizer import find_compute_sanitizer
 
     ncu, sanitizer = find_ncu(), find_compute_sanitizer()
-    if activity in ("startup-ncu", "profiler-warm-up") and ncu is None:
+    if activity == "startup-ncu" and ncu is None:
         raise SystemExit("Nsight Compute (ncu) was not found")
     if activity == "startup-memcheck" and sanitizer is None:
         raise SystemExit("compute-sanitizer was not found")
@@ -68,14 +62,7 @@ def unlocked_command(activity: str, report: Path) -> list[str]:
         return [*python, _STARTUP]
     if activity == "startup-ncu":
         return [str(ncu), "--profile-from-start", "off", *python, _STARTUP]
-    if activity == "startup-memcheck":
-        return [str(sanitizer), "--tool", "memcheck", *python, _STARTUP]
-    return [
-        *(str(ncu), "--profile-from-start", "off", "--clock-control", "none"),
-        *("--metrics", ",".join(PROFILE_METRICS), "--export", str(report), "--force-overwrite"),
-        *python,
-        _WARM_UP,
-    ]
+    return [str(sanitizer), "--tool", "memcheck", *python, _STARTUP]
 
 
 def background(activity: str, argument: str, until: float) -> None:
@@ -187,16 +174,11 @@ def main() -> None:
         "protocol": victim.protocol or "the judge's",
         "runs": [{"during": "nothing", **victim.measure()}],
     }
-    folder = Path(tempfile.mkdtemp(prefix="ptxgym-disturbance-"))
     for activity in args.activities:
         until = time.time() + args.seconds
         workers = []
-        for index in range(args.processes):
-            argument = (
-                json.dumps(unlocked_command(activity, folder / f"{activity}-{index}"))
-                if activity in UNLOCKED
-                else library
-            )
+        for _ in range(args.processes):
+            argument = json.dumps(unlocked_command(activity)) if activity in UNLOCKED else library
             workers.append(
                 subprocess.Popen(
                     [sys.executable, __file__, "--background", activity, argument, str(until)]

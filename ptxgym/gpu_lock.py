@@ -30,8 +30,9 @@ lock between its instances lives in their temporary folder, and each profile run
 One folder shared by every run made the judge's profiles fail instead (4 of the 5 profile GPU
 tests; the profiled program's writes are confined to its own folder, likely the reason). So the
 runs take turns through this lock, which like Nsight Compute's holds for the machine, not the
-GPU. A profile run holds it for its call, inside its exclusive hold of the GPU (taken after it:
-nothing holds it while waiting for a GPU).
+GPU. A profile run holds it inside its exclusive hold of the GPU (taken after it: nothing holds
+it while waiting for a GPU), from before the candidate's library is loaded (whose code could
+otherwise take it first) to the end of the call.
 """
 
 from __future__ import annotations
@@ -107,18 +108,20 @@ def profiler_lock_path() -> Path:
     return paths.lock_dir() / "nsight-compute.lock"
 
 
-def profiler_turn(path: Path | None) -> contextlib.AbstractContextManager[float]:
+@contextmanager
+def profiler_turn(path: Path) -> Iterator[float]:
     """Profile with no other process of ours profiling: hold the lock file ``path``
-    (``profiler_lock_path``, handed to a child) alone; yields the wait. Nothing where ``path``
-    is None (a run under another tool)."""
-    return holding(path) if path is not None else contextlib.nullcontext(0.0)
+    (``profiler_lock_path``, handed to a child) alone; yields the wait. One plain ``flock``: its
+    holders are all alike (one call each), so it needs no turnstile."""
+    started = time.perf_counter()
+    with _locked(path, fcntl.LOCK_EX):
+        yield time.perf_counter() - started
 
 
 @contextmanager
 def holding(path: Path, exclusive: bool = True) -> Iterator[float]:
-    """Hold the lock whose file is ``path`` (a GPU's, or the profiler's turn), alone or shared
-    (a child process is given the path, since its scrubbed environment cannot locate ptxgym's
-    folders)."""
+    """Hold the GPU whose lock file is ``path``, alone or shared (a child process is given the
+    path, since its scrubbed environment cannot locate ptxgym's folders)."""
     started = time.perf_counter()
     if not exclusive:
         with _locked(_turnstile(path), fcntl.LOCK_EX):
@@ -150,12 +153,10 @@ def _locked(path: Path, operation: int) -> Iterator[None]:
         os.close(descriptor)  # closing releases the flock
 
 
-def lock_files(path: Path) -> Path:
-    """``path``, with the lock's files (it and its turnstile) made if missing: for a child whose
-    writes will be confined to its own folder (ptxgym.landlock), which can take a lock then but
-    not make its files."""
-    for file in (path, _turnstile(path)):
-        os.close(_open(file))
+def ensure_lock_file(path: Path) -> Path:
+    """``path``, the lock file made if missing: for a child whose writes will be confined to its
+    own folder (ptxgym.landlock), which can take a lock then but not make its file."""
+    os.close(_open(path))
     return path
 
 

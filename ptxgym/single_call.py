@@ -18,6 +18,7 @@ own, and gives up waiting when the judge is gone.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -30,8 +31,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from ptxgym.gpu_lock import (
+    ensure_lock_file,
     holding,
-    lock_files,
     lock_path,
     profiler_lock_path,
     profiler_turn,
@@ -54,9 +55,9 @@ CALL_SECONDS_KEYS = (
     "context",
     "ready",
     "gpu_wait",
+    "profiler_wait",
     "load",
     "inputs",
-    "profiler_wait",
     "call",
     "gpu",
 )
@@ -98,6 +99,7 @@ class PendingCall:
         self._stop = self.folder / "stop"
         self._job = self.folder / "job.json"
         self._taken = self.folder / "gpu-taken"
+        profiler_lock = str(ensure_lock_file(profiler_lock_path())) if under_profiler else None
         spec = {
             "gpu_lock": str(lock_path(device)),
             # Held shared while the context is made (None: without the lock).
@@ -109,7 +111,7 @@ class PendingCall:
             "judge_pid": os.getpid(),
             # A run under Nsight Compute takes turns with the machine's other profile runs to
             # profile (None: under another tool).
-            "profiler_lock": str(lock_files(profiler_lock_path())) if under_profiler else None,
+            "profiler_lock": profiler_lock,
         }
         spec_path = self.folder / "spec.json"
         spec_path.write_text(json.dumps(spec))
@@ -199,9 +201,13 @@ def run_job(spec_path: str) -> int:
     # on the H200, runs sharing the GPU made a step slower, not faster (docs/benchmarks.md,
     # third session).
     started = time.perf_counter()
-    with holding(gpu_lock) as waited:
+    profiler_lock = Path(spec["profiler_lock"]) if spec["profiler_lock"] else None
+    with holding(gpu_lock) as waited, contextlib.ExitStack() as turn:
         # Said before any of the candidate's code is loaded, so the candidate cannot say it.
         Path(spec["taken"]).touch()
+        if profiler_lock is not None:
+            # Also before the candidate's code is loaded, which could otherwise take it first.
+            seconds["profiler_wait"] = turn.enter_context(profiler_turn(profiler_lock))
         with seconds_into(seconds, "load"):
             entry = Entry(job["library"], task)
         with seconds_into(seconds, "inputs"):
@@ -214,11 +220,8 @@ def run_job(spec_path: str) -> int:
             with torch.cuda.stream(stream):
                 return entry(inputs, outputs, axes, stream.cuda_stream)
 
-        profiler_lock = Path(spec["profiler_lock"]) if spec["profiler_lock"] else None
-        with profiler_turn(profiler_lock) as profiler_waited:
-            seconds["profiler_wait"] = profiler_waited
-            with seconds_into(seconds, "call"):
-                code = profiled(call_entry)
+        with seconds_into(seconds, "call"):
+            code = profiled(call_entry)
     seconds["gpu_wait"] = waited
     seconds["gpu"] = time.perf_counter() - started - waited
     # Last, after anything the candidate printed: the judge reads the last such line.
@@ -246,9 +249,9 @@ def call_seconds(output: str) -> dict[str, float]:
     ``context`` (making the CUDA context under the tool, waiting for the GPU shared included)
     and ``ready`` (waiting for the word;
     about 0 when the start-up itself kept the judge waiting). After it: ``gpu_wait`` (waiting
-    to have the GPU alone) and ``gpu`` (holding it), made of ``load`` (the candidate's
-    library), ``inputs`` (its inputs and outputs), ``profiler_wait`` (a profile run's wait for
-    its turn to profile, ``ptxgym.gpu_lock.profiler_turn``) and ``call`` (the call under the
+    to have the GPU alone) and ``gpu`` (holding it), made of ``profiler_wait`` (a profile run's
+    wait for its turn to profile, ``ptxgym.gpu_lock.profiler_turn``), ``load`` (the
+    candidate's library), ``inputs`` (its inputs and outputs) and ``call`` (the call under the
     tool: for the profile, its replays). Empty when there is no such line (the run failed before its
     end). For the stage breakdown only: nothing is judged on it."""
     for line in reversed(output.splitlines()):

@@ -6,6 +6,7 @@ it when the judge's settings turn that off)."""
 from __future__ import annotations
 
 import multiprocessing
+import os
 import sys
 import threading
 import time
@@ -131,14 +132,13 @@ def test_a_waiting_exclusive_holder_goes_before_later_shared_ones(
     assert order == ["first shared", "exclusive", "late shared"]
 
 
-# A stand-in for ``make_context`` (or a profile run's warm-up) in a start-up: writes to its
-# standard output whether the lock of ``_LOCK_FILE`` could be taken alone now ("held": someone
-# holds it), then ends the process.
+# A stand-in for ``make_context`` in a start-up: writes to its standard output whether the lock
+# of ``_LOCK_FILE`` could be taken alone now ("held": someone holds it), then ends the process.
 # The lock's path is read before the start-up scrubs the environment.
 _LOCK_FILE: list[str] = []
 
 
-def _probe_lock(*_: object) -> None:
+def _probe_lock(device: int) -> None:
     import fcntl
     import os
 
@@ -216,52 +216,85 @@ def _run_job_output(spec: dict[str, object], tmp_path: Path) -> list[str]:
     return output.read_text().splitlines()
 
 
-def test_only_a_profile_run_takes_the_profilers_turn(
+def test_a_profile_run_loads_and_calls_the_candidate_in_its_turn(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Two processes profiling at once: the driver refuses one (12 of 16 runs, eight at a time,
     # each with a temporary folder of its own, as Nsight Compute's own lock then sees none of
-    # the others: docs/benchmarks.md, ninth session). The lock's file is made for the run, which
-    # cannot make it once its writes are confined.
+    # the others: docs/benchmarks.md, ninth session). A profile run takes the turn with its
+    # writes confined (so the lock's file is made for it) and before the candidate's library
+    # is loaded; a sanitizer run takes none. Here the GPU's part is stood in for: the library's
+    # loading and the call say whether the turn is held.
+    import contextlib
     import json
+    import types
 
-    from ptxgym.single_call import PendingCall
+    import torch
+
+    from ptxgym import single_call, worker
+    from ptxgym.single_call import CallJob, PendingCall, call_seconds
+    from ptxgym.tasks import get_task
 
     monkeypatch.setenv("PTXGYM_LOCK_DIR", str(tmp_path / "locks"))
+    with holding(lock_path(0), exclusive=False):
+        pass  # the GPU lock's files, as the judge's start leaves them
     profile_run = PendingCall(device=0, prefix="profile-", under_profiler=True)
     sanitizer_run = PendingCall(device=0, prefix="memcheck-")
+    spec = json.loads((profile_run.folder / "spec.json").read_text())
+    sanitizer_spec = json.loads((sanitizer_run.folder / "spec.json").read_text())
+    sanitizer_run.close()
+    assert sanitizer_spec["profiler_lock"] is None
+    assert spec["profiler_lock"] == str(profiler_lock_path())
+    task = get_task("PTX-H100-GEMM")
+    Path(spec["job"]).write_text(CallJob(task, "candidate.so", {"axes": {}}, 1).to_json())
+    Path(spec["go"]).touch()
+
+    monkeypatch.setattr(sys.modules[__name__], "_LOCK_FILE", [spec["profiler_lock"]])
+    monkeypatch.setattr(single_call, "make_context", lambda device: None)
+    monkeypatch.setattr(single_call, "profiled", lambda launch: launch())
+    monkeypatch.setattr(worker, "Entry", _ProbingEntry)
+    monkeypatch.setattr(worker, "make_inputs", lambda *arguments: {})
+    monkeypatch.setattr(worker, "allocate_outputs", lambda *arguments: {})
+    monkeypatch.setattr(torch.cuda, "Stream", lambda: types.SimpleNamespace(cuda_stream=0))
+    monkeypatch.setattr(torch.cuda, "stream", lambda stream: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    output = tmp_path / "out"
+
+    def run() -> None:
+        os.dup2(os.open(output, os.O_WRONLY | os.O_CREAT, 0o600), 1)
+        sys.stdout = open(1, "w", closefd=False)  # noqa: SIM115 (the child's, to its end)
+        os.chdir(profile_run.folder)  # the run's folder: its writes are confined there
+        sys.exit(single_call.run_job(str(profile_run.folder / "spec.json")))
+
     try:
-        profile_spec = json.loads((profile_run.folder / "spec.json").read_text())
-        sanitizer_spec = json.loads((sanitizer_run.folder / "spec.json").read_text())
+        _start_up(run, ())
     finally:
         profile_run.close()
-        sanitizer_run.close()
-    assert profile_spec["profiler_lock"] == str(profiler_lock_path())
-    assert profiler_lock_path().parent == tmp_path / "locks"
-    assert sanitizer_spec["profiler_lock"] is None
-    # The run takes its turn with its writes confined to its folder (ptxgym.landlock): the
-    # lock's files were made for it.
-    confined = multiprocessing.get_context("fork").Process(
-        target=_take_turn_confined, args=(str(tmp_path / "run"), profile_spec["profiler_lock"])
-    )
-    confined.start()
-    confined.join(timeout=60)
-    if confined.exitcode == _NO_LANDLOCK:
-        pytest.skip("no Landlock here: writes cannot be confined")
-    assert confined.exitcode == 0
+    text = output.read_text()
+    assert text.splitlines()[:2] == ["load: held", "call: held"], text
+    assert "profiler_wait" in call_seconds(text)
 
 
-_NO_LANDLOCK = 3
+class _ProbingEntry:
+    """A stand-in for the candidate's library: its loading and its call say whether the lock of
+    ``_LOCK_FILE`` is held."""
+
+    def __init__(self, library: str, task: object) -> None:
+        os.write(1, b"load: " + _lock_state().encode() + b"\n")
+
+    def __call__(self, *arguments: object) -> int:
+        os.write(1, b"call: " + _lock_state().encode() + b"\n")
+        return 0
 
 
-def _take_turn_confined(folder: str, profiler_lock: str) -> None:
-    import os
+def _lock_state() -> str:
+    import fcntl
 
-    from ptxgym.gpu_lock import profiler_turn
-    from ptxgym.isolation import restrict_writes
-
-    Path(folder).mkdir()
-    if not restrict_writes(Path(folder)):
-        os._exit(_NO_LANDLOCK)
-    with profiler_turn(Path(profiler_lock)):
-        pass
+    descriptor = os.open(_LOCK_FILE[0], os.O_RDONLY)
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return "free"
+    except BlockingIOError:
+        return "held"
+    finally:
+        os.close(descriptor)
