@@ -5,6 +5,7 @@ it when the judge's settings turn that off)."""
 
 from __future__ import annotations
 
+import json
 import multiprocessing
 import os
 import sys
@@ -139,16 +140,22 @@ _LOCK_FILE: list[str] = []
 
 
 def _probe_lock(device: int) -> None:
+    os.write(1, _lock_state().encode() + b"\n")
+    os._exit(0)
+
+
+def _lock_state() -> str:
+    """Whether the lock of ``_LOCK_FILE`` could be taken alone now: "free", or "held"."""
     import fcntl
-    import os
 
     descriptor = os.open(_LOCK_FILE[0], os.O_RDONLY)
     try:
         fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        os.write(1, b"free\n")
+        return "free"
     except BlockingIOError:
-        os.write(1, b"held\n")
-    os._exit(0)
+        return "held"
+    finally:
+        os.close(descriptor)
 
 
 def _start_up(target: object, args: tuple[object, ...]) -> None:
@@ -193,27 +200,26 @@ def test_a_tool_run_makes_its_context_holding_the_gpu(
 
     startup_lock = _probe_contexts_of(single_call, tmp_path, monkeypatch, locked)
     spec = {"gpu_lock": str(lock_path(0)), "startup_lock": startup_lock, "profiler_lock": None}
-    assert _run_job_output(spec, tmp_path)[-1] == ("held" if locked else "free")
-
-
-def _run_job_output(spec: dict[str, object], tmp_path: Path) -> list[str]:
-    """The lines a single-call program with ``spec`` writes, run in a forked child."""
-    import json
-    import os
-
-    from ptxgym import single_call
-
     spec_path = tmp_path / "spec.json"
     spec_path.write_text(json.dumps(spec))
-    output = tmp_path / "out"
+    output = _run_job_output(spec_path, tmp_path, tmp_path / "out")
+    assert output.splitlines()[-1] == ("held" if locked else "free")
+
+
+def _run_job_output(spec_path: Path, folder: Path, output: Path) -> str:
+    """What a single-call program with the spec ``spec_path``, started in ``folder`` (where its
+    writes are confined), writes to its standard output (through the file ``output``), run in a
+    forked child."""
+    from ptxgym import single_call
 
     def run() -> None:
-        descriptor = os.open(output, os.O_WRONLY | os.O_CREAT, 0o600)
-        os.dup2(descriptor, 1)
-        single_call.run_job(str(spec_path))
+        os.dup2(os.open(output, os.O_WRONLY | os.O_CREAT, 0o600), 1)
+        sys.stdout = open(1, "w", closefd=False)  # noqa: SIM115 (the child's, to its end)
+        os.chdir(folder)
+        sys.exit(single_call.run_job(str(spec_path)))
 
     _start_up(run, ())
-    return output.read_text().splitlines()
+    return output.read_text()
 
 
 def test_a_profile_run_loads_and_calls_the_candidate_in_its_turn(
@@ -226,7 +232,6 @@ def test_a_profile_run_loads_and_calls_the_candidate_in_its_turn(
     # is loaded; a sanitizer run takes none. Here the GPU's part is stood in for: the library's
     # loading and the call say whether the turn is held.
     import contextlib
-    import json
     import types
 
     import torch
@@ -258,19 +263,12 @@ def test_a_profile_run_loads_and_calls_the_candidate_in_its_turn(
     monkeypatch.setattr(torch.cuda, "Stream", lambda: types.SimpleNamespace(cuda_stream=0))
     monkeypatch.setattr(torch.cuda, "stream", lambda stream: contextlib.nullcontext())
     monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
-    output = tmp_path / "out"
-
-    def run() -> None:
-        os.dup2(os.open(output, os.O_WRONLY | os.O_CREAT, 0o600), 1)
-        sys.stdout = open(1, "w", closefd=False)  # noqa: SIM115 (the child's, to its end)
-        os.chdir(profile_run.folder)  # the run's folder: its writes are confined there
-        sys.exit(single_call.run_job(str(profile_run.folder / "spec.json")))
-
     try:
-        _start_up(run, ())
+        text = _run_job_output(
+            profile_run.folder / "spec.json", profile_run.folder, tmp_path / "out"
+        )
     finally:
         profile_run.close()
-    text = output.read_text()
     assert text.splitlines()[:2] == ["load: held", "call: held"], text
     assert "profiler_wait" in call_seconds(text)
 
@@ -285,16 +283,3 @@ class _ProbingEntry:
     def __call__(self, *arguments: object) -> int:
         os.write(1, b"call: " + _lock_state().encode() + b"\n")
         return 0
-
-
-def _lock_state() -> str:
-    import fcntl
-
-    descriptor = os.open(_LOCK_FILE[0], os.O_RDONLY)
-    try:
-        fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        return "free"
-    except BlockingIOError:
-        return "held"
-    finally:
-        os.close(descriptor)
