@@ -247,13 +247,13 @@ def call_seconds(output: str) -> dict[str, float]:
     """Where a run's seconds went, from the last line it printed for the judge. Before the
     word: ``driver`` (loading the driver and the tool's injection, outside the GPU lock),
     ``context`` (making the CUDA context under the tool, waiting for the GPU shared included)
-    and ``ready`` (waiting for the word;
-    about 0 when the start-up itself kept the judge waiting). After it: ``gpu_wait`` (waiting
-    to have the GPU alone) and ``gpu`` (holding it), made of ``profiler_wait`` (a profile run's
-    wait for its turn to profile, ``ptxgym.gpu_lock.profiler_turn``), ``load`` (the
-    candidate's library), ``inputs`` (its inputs and outputs) and ``call`` (the call under the
-    tool: for the profile, its replays). Empty when there is no such line (the run failed before its
-    end). For the stage breakdown only: nothing is judged on it."""
+    and ``ready`` (waiting for the word; about 0 when the start-up itself kept the judge
+    waiting). After it: ``gpu_wait`` (waiting to have the GPU alone) and ``gpu`` (holding it),
+    made of ``profiler_wait`` (a profile run's wait for its turn to profile,
+    ``ptxgym.gpu_lock.profiler_turn``), ``load`` (the candidate's library), ``inputs`` (its
+    inputs and outputs) and ``call`` (the call under the tool: for the profile, its replays).
+    Empty when there is no such line (the run failed before its end). For the stage breakdown
+    only: nothing is judged on it."""
     for line in reversed(output.splitlines()):
         if line.startswith(SECONDS_MARK):
             try:
