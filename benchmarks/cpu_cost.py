@@ -12,9 +12,9 @@ this process and its descendants) of:
 - ``memcheck run`` and ``profile run``: one tool run of the judge's, from its start-up to its
   end, with the example's call (the profile run's report reader included);
 - ``evaluation, tools off``: an evaluation in a judge of this process with memcheck and the
-  profile off: the worker's start-up, and the judge's own part of correctness and timing; then
-  the same with workers forked from a process that has imported torch
-  (``JudgeSettings.fork_workers``);
+  profile off: the worker's start-up (forked from a process that has imported torch,
+  ``JudgeSettings.fork_workers``), and the judge's own part of correctness and timing; then
+  the same with workers started afresh;
 - ``evaluation, every stage on``: the same with the judge's default settings.
 
 The evaluations are ``--evaluations`` in a row after one that builds the workload state; the
@@ -124,10 +124,10 @@ def tool_and_evaluation_rows(task: Task, library: str, evaluations: int) -> dict
     rows["memcheck run"] = measured(memcheck_run)
     rows["profile run"] = measured(profile_run)
     tools_off = JudgeSettings(memcheck=False, profile=False)
-    forked = dataclasses.replace(tools_off, fork_workers=True)
+    spawned = dataclasses.replace(tools_off, fork_workers=False)
     for label, settings in (
         ("evaluation, tools off", tools_off),
-        ("evaluation, tools off, workers forked", forked),
+        ("evaluation, tools off, workers spawned", spawned),
         ("evaluation, every stage on", JudgeSettings()),
     ):
         judge = Judge(0, dataclasses.replace(settings, spare_workers=1))

@@ -204,10 +204,10 @@ def main() -> None:
         "(JudgeSettings.lock_startups=False)",
     )
     parser.add_argument(
-        "--fork-workers",
+        "--spawn-workers",
         action="store_true",
-        help="workers forked from a process that has imported torch "
-        "(JudgeSettings.fork_workers=True)",
+        help="workers started afresh, not forked from a process that has imported torch "
+        "(JudgeSettings.fork_workers=False)",
     )
     parser.add_argument(
         "--level-evaluations",
@@ -223,7 +223,7 @@ def main() -> None:
     settings = JudgeSettings(
         concurrency=args.judge_concurrency,
         lock_startups=not args.unlocked_startups,
-        fork_workers=args.fork_workers,
+        fork_workers=not args.spawn_workers,
     )
     evaluator = LocalGPUEvaluator(settings=settings)
     results: dict[str, Any] = {

@@ -4,7 +4,8 @@
   CUDA_*/NVIDIA_* settings, the Python path, locale). Nothing else reaches candidate code: no
   tokens, credentials or cache paths of the user, neither through getenv nor through
   /proc/self/environ (the block the process started with is zeroed). HOME and TMPDIR point at
-  the process's own temporary folder, which is also its working directory.
+  the process's own temporary folder, which is also its working directory. CPU thread pools
+  (OpenMP, OpenBLAS, MKL) get one thread: the work is on the GPU.
 - Resource limits: at most 64 MiB to any file (a printf flood ends the process instead of
   filling the disk) and no core files.
 - No network where the OS allows it: the worker unshares its network namespace (this needs
@@ -53,6 +54,11 @@ _KEPT_NAMES = frozenset(
     }
 )
 _KEPT_PREFIXES = ("NVIDIA_", "CUDA_", "NCCL_", "TORCH_SYMM_MEM_", "NVSHMEM_")
+# Candidate processes compute on the GPU, not with CPU thread pools. With a pool per core, the
+# pools of OpenMP (torch) and OpenBLAS (numpy) spun while Python imported them: on the H200
+# host's 16 cores, 5.3 CPU-seconds to import torch against 3.2 with one thread, and 3.1 against
+# 1.0 to import ptxgym (docs/benchmarks.md, tenth session), paid by every worker and tool run.
+_ONE_CPU_THREAD = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
 
 def scrubbed_environment(folder: Path, base: dict[str, str] | None = None) -> dict[str, str]:
@@ -64,7 +70,7 @@ def scrubbed_environment(folder: Path, base: dict[str, str] | None = None) -> di
         for name, value in source.items()
         if name in _KEPT_NAMES or name.startswith(_KEPT_PREFIXES)
     }
-    return {**kept, "HOME": str(folder), "TMPDIR": str(folder)}
+    return {**kept, **_ONE_CPU_THREAD, "HOME": str(folder), "TMPDIR": str(folder)}
 
 
 def python_environment(folder: Path, extra_path: Path | None = None) -> dict[str, str]:

@@ -272,6 +272,17 @@ def locate_module(module_name: str) -> Path:
     return Path(spec.origin)
 
 
+@cache
+def top_level_functions(path: Path) -> frozenset[str]:
+    """The functions a Python source file defines at top level. Cached: the registry names a
+    few modules ninety times, and parsing them again each time was most of the cost of
+    ``import ptxgym`` (which every worker and tool run pays)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    return frozenset(
+        node.name for node in tree.body if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+    )
+
+
 def check_callable_exists(reference: str) -> None:
     """Check that ``module:function`` names a function defined in an importable module.
 
@@ -285,11 +296,7 @@ def check_callable_exists(reference: str) -> None:
         path = locate_module(module_name)
     except ValueError as exc:
         raise ValueError(f"{reference!r}: {exc}") from None
-    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
-    defined = {
-        node.name for node in tree.body if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
-    }
-    if function not in defined:
+    if function not in top_level_functions(path):
         raise ValueError(f"{reference!r}: {module_name} defines no top-level {function!r}")
 
 

@@ -27,6 +27,7 @@ def test_only_what_cuda_and_python_need_is_kept(tmp_path: Path) -> None:
         "HF_TOKEN": "secret",
         "PTXGYM_CACHE": "/root/.cache/ptxgym",
         "SSH_AUTH_SOCK": "/tmp/agent",
+        "OMP_NUM_THREADS": "16",
     }
     environment = scrubbed_environment(tmp_path, base)
     assert environment == {
@@ -35,6 +36,9 @@ def test_only_what_cuda_and_python_need_is_kept(tmp_path: Path) -> None:
         "CUDA_VISIBLE_DEVICES": "3",
         "NVIDIA_DRIVER_CAPABILITIES": "compute",
         "PYTHONPATH": "/site",
+        "OMP_NUM_THREADS": "1",
+        "OPENBLAS_NUM_THREADS": "1",
+        "MKL_NUM_THREADS": "1",
         "HOME": str(tmp_path),
         "TMPDIR": str(tmp_path),
     }
