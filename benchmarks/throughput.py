@@ -27,6 +27,7 @@ import json
 import math
 import os
 import statistics
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -120,10 +121,94 @@ def busy_cpu_seconds() -> float:
     return (sum(fields) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
 
 
+# What a process is, from its command line (the first match wins) or else its command name.
+_KINDS_BY_ARGUMENT = (
+    ("ptxgym-memcheck-", "memcheck run (Python)"),
+    ("ptxgym-racecheck-", "racecheck run (Python)"),
+    ("ptxgym-profile-report-", "profile report reader"),
+    ("ptxgym-profile-", "profile run (Python)"),
+    ("multiprocessing.forkserver", "worker (or its forkserver)"),
+    ("multiprocessing.spawn", "worker (or its forkserver)"),
+)
+_KINDS_BY_COMMAND = {
+    "ncu": "Nsight Compute",
+    "compute-sanitiz": "compute-sanitizer",
+    "cuobjdump": "SASS listing",
+    "nvdisasm": "SASS listing",
+}
+_TOOLCHAIN = {"nvcc", "cicc", "ptxas", "cudafe++", "fatbinary", "nvlink", "cc1plus", "gcc", "g++"}
+
+
+def process_kind(pid: int, command: str) -> str:
+    """What process ``pid`` (command name ``command``) is, for ``CpuByProcessKind``."""
+    if pid == os.getpid():
+        return "judge (the benchmark's process)"
+    try:
+        arguments = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        arguments = ""
+    for marker, kind in _KINDS_BY_ARGUMENT:
+        if marker in arguments:
+            return kind
+    if command in _KINDS_BY_COMMAND:
+        return _KINDS_BY_COMMAND[command]
+    if command in _TOOLCHAIN or command.startswith(("ld", "collect2", "as")):
+        return "compiler toolchain"
+    return f"other: {command}"
+
+
+class CpuByProcessKind:
+    """The CPU seconds (user + system) that the machine's processes spent over a level, by kind
+    of process, sampled from /proc every ``interval_s``. A process counts from its first sample
+    (less what it had spent when the level began) to its last, so the ends of processes, and
+    processes that begin and end between samples, are missed: ``unsampled`` is the machine's
+    busy total less the sum."""
+
+    def __init__(self, interval_s: float = 0.25) -> None:
+        self.interval_s = interval_s
+        self._ticks = os.sysconf("SC_CLK_TCK")
+        self._start = self._sample()
+        self._last: dict[int, tuple[str, float]] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _sample(self) -> dict[int, tuple[str, float]]:
+        seen = {}
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                text = stat.read_text()
+                fields = text.rsplit(")", 1)[1].split()
+            except (OSError, IndexError):
+                continue
+            command = text[text.index("(") + 1 : text.rindex(")")]
+            cpu_ticks = int(fields[11]) + int(fields[12])  # utime, stime: fields 14, 15
+            seen[int(stat.parent.name)] = (command, cpu_ticks / self._ticks)
+        return seen
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self._last.update(self._sample())
+
+    def stop(self, busy_s: float) -> dict[str, float]:
+        """End the sampling; CPU seconds by kind, the largest first, with ``unsampled``."""
+        self._stop.set()
+        self._thread.join()
+        self._last.update(self._sample())
+        by_kind: collections.Counter[str] = collections.Counter()
+        for pid, (command, seconds) in self._last.items():
+            spent = seconds - self._start.get(pid, (command, 0.0))[1]
+            if spent > 0:
+                by_kind[process_kind(pid, command)] += spent
+        kinds = dict(by_kind.most_common())
+        return {**kinds, "unsampled": busy_s - sum(kinds.values())}
+
+
 def run_level(
     evaluator: LocalGPUEvaluator, task_id: str, source: str, trajectories: int, steps: int
 ) -> dict[str, Any]:
     busy_before = busy_cpu_seconds()
+    sampler = CpuByProcessKind()
     started = time.perf_counter()
     with ThreadPoolExecutor(max_workers=trajectories) as pool:
         futures = [
@@ -133,6 +218,7 @@ def run_level(
         records = [record for future in futures for record in future.result()]
     wall = time.perf_counter() - started
     busy = busy_cpu_seconds() - busy_before
+    cpu_by_kind = sampler.stop(busy)
     speedups = [r["speedup"] for r in records if r["speedup"]]
     exclusive = [exclusive_s(r) for r in records]
     return {
@@ -147,6 +233,8 @@ def run_level(
         # The machine's busy cores over the level, beside the cores this process may use: near
         # all of them, the stages that hold the GPU alone also wait for a CPU.
         "busy_cores": busy / wall,
+        # Where the busy CPU seconds went, per evaluation, by kind of process.
+        "cpu_s_per_evaluation": {kind: cpu / len(records) for kind, cpu in cpu_by_kind.items()},
         "cores": len(os.sched_getaffinity(0)),
         "statuses": sorted({r["status"] for r in records}),
         **p50_latency(records),
@@ -384,6 +472,10 @@ def report_levels(levels: list[dict[str, Any]]) -> None:
     for level in levels:
         for reason, count in level["unknown_profiles"].items():
             print(f"\nAt {level['trajectories']}: {count} profile(s) unknown: {reason}")
+    print("\nCPU seconds per evaluation, by kind of process:\n")
+    for level in levels:
+        kinds = ", ".join(f"{k} {v:.1f}" for k, v in level["cpu_s_per_evaluation"].items())
+        print(f"- at {level['trajectories']}: {kinds}")
     print("\np50 seconds per stage:\n")
     print("| trajectories | " + " | ".join(STAGES) + " |")
     print("|---" * (len(STAGES) + 1) + "|")
