@@ -50,6 +50,7 @@ from ptxgym.profile import PendingProfile
 from ptxgym.sanitizer import PendingSanitizer
 from ptxgym.single_call import CallJob
 from ptxgym.tasks import Task, get_task
+from ptxgym.worker import host_inputs
 
 
 def cpu_seconds() -> float:
@@ -108,7 +109,8 @@ def checked_evaluation(judge: Judge, task: Task, library: str, label: str) -> No
 def tool_and_evaluation_rows(task: Task, library: str, evaluations: int) -> dict[str, Any]:
     """The rows of the tool runs and the evaluations; stops at the first that did not work (a
     failed run costs less than one that did, so its seconds would mislead)."""
-    job = CallJob(task, library, task.workloads[0].payload(), seed=1)
+    payload = task.workloads[0].payload()
+    job = CallJob(task, library, payload, host_inputs(task, payload, 1))
     rows: dict[str, Any] = {}
 
     def memcheck_run() -> None:

@@ -73,13 +73,17 @@ def background(activity: str, argument: str, until: float) -> None:
         while time.time() < until:
             subprocess.run(command, capture_output=True, check=False)
         return
+    from ptxgym.gpu_lock import shared_gpu
     from ptxgym.profile import PendingProfile
     from ptxgym.sanitizer import PendingSanitizer
     from ptxgym.single_call import CallJob
     from ptxgym.tasks import get_task
+    from ptxgym.worker import host_inputs
 
     task = get_task("PTX-H100-GEMM")
-    job = CallJob(task, argument, task.workloads[0].payload(), 1)
+    payload = task.workloads[0].payload()
+    with shared_gpu(0):  # the inputs, as the judge makes them: never beside a timing
+        job = CallJob(task, argument, payload, host_inputs(task, payload, 1))
     while time.time() < until:
         run = PendingProfile(device=0) if activity == "profile-runs" else PendingSanitizer(device=0)
         result = run.finish(job)

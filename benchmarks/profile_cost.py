@@ -44,6 +44,7 @@ from ptxgym.profile import (
 )
 from ptxgym.single_call import CallJob
 from ptxgym.tasks import get_task
+from ptxgym.worker import host_inputs
 
 METRIC_SETS: dict[str, tuple[str, ...]] = {
     "judge's (both opcode metrics, duration and launch facts)": PROFILE_METRICS,
@@ -86,7 +87,6 @@ def profiled_calls(task_id: str, library: str, warm_up: bool) -> None:
     import torch
 
     from ptxgym.gpus import make_context
-    from ptxgym.single_call import profiled
     from ptxgym.timing import seconds_into
     from ptxgym.worker import Entry, allocate_outputs, make_inputs
 
@@ -99,7 +99,10 @@ def profiled_calls(task_id: str, library: str, warm_up: bool) -> None:
     def timed(name: str, launch: Callable[[], object]) -> None:
         torch.cuda.synchronize()  # earlier work (the inputs) is not the call's
         with seconds_into(seconds, name):
-            profiled(launch)
+            torch.cuda.profiler.start()
+            launch()
+            torch.cuda.synchronize()
+            torch.cuda.profiler.stop()
 
     if warm_up:
         ones = torch.ones(16, device="cuda")
@@ -173,7 +176,7 @@ def main() -> None:
     if not build.ok or build.library is None:
         raise SystemExit(f"the example did not compile:\n{build.log}")
     workload = task.workloads[0]
-    job = CallJob(task, build.library, workload.payload(), seed=1)
+    job = CallJob(task, build.library, workload.payload(), host_inputs(task, workload.payload(), 1))
     gpus = visible_gpus()
     results: dict[str, Any] = {
         "date": datetime.date.today().isoformat(),

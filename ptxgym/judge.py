@@ -47,7 +47,13 @@ from ptxgym.timing import (
     WorkloadTiming,
 )
 from ptxgym.tool_runs import PendingRun, ToolKind, ToolRuns
-from ptxgym.worker import WORKER_IMPORTS, make_inputs, resolve_callable, worker_main
+from ptxgym.worker import (
+    WORKER_IMPORTS,
+    host_bytes,
+    make_inputs,
+    resolve_callable,
+    worker_main,
+)
 
 _random = random.SystemRandom()  # which timed calls are checked: not predictable from outside
 _LOG_TAIL_CHARS = 2000
@@ -176,16 +182,17 @@ class _WorkloadState:
     stages: list[_Stage]
     baseline_ms: float
     baseline_method: str
+    # The first stage's inputs in host memory, for the tool runs (ptxgym.single_call); empty
+    # when no tool is on, and for every workload but the task's first.
+    tool_inputs: dict[str, Any] = field(default_factory=dict)
 
     @property
     def nbytes(self) -> int:
-        """Memory held by the reference outputs (the seeds and the baseline are small)."""
-        return sum(
-            int(tensor.nbytes)
-            for stage in self.stages
-            for tensor in stage.references.values()
-            if hasattr(tensor, "nbytes")
-        )
+        """Memory held by the reference outputs and the tool runs' inputs (the seeds and the
+        baseline are small)."""
+        held = [tensor for stage in self.stages for tensor in stage.references.values()]
+        held += list(self.tool_inputs.values())
+        return sum(int(item.nbytes) for item in held if hasattr(item, "nbytes"))
 
 
 def worker_context(fork: bool) -> multiprocessing.context.BaseContext:
@@ -388,8 +395,13 @@ class Judge:
         stages = [_Stage(f"trial{i}", secrets.randbits(62), False) for i in range(TRIALS)]
         stages.append(_Stage("outliers", secrets.randbits(62), True))
         trial_inputs = []
+        tool_inputs = {}
         for stage in stages:
             inputs = make_inputs(task, payload, stage.seed, stage.outliers)
+            # The tools run on the first workload only (_finish_tools). Copied before the
+            # reference runs on the inputs.
+            if stage is stages[0] and self.tool_runs.kinds and workload == task.workloads[0]:
+                tool_inputs = host_bytes(inputs)
             stage.references = reference(inputs, **task.callables.params)
             if not stage.outliers:
                 trial_inputs.append(inputs)
@@ -411,7 +423,7 @@ class Judge:
                 store_baseline(self._baseline_key(task, workload), baseline_ms, method)
         del trial_inputs
         torch.cuda.empty_cache()
-        return _WorkloadState(workload, stages, baseline_ms, method)
+        return _WorkloadState(workload, stages, baseline_ms, method, tool_inputs)
 
     def _baseline_key(self, task: Task, workload: WorkloadSpec) -> str:
         libraries = {}
@@ -502,7 +514,7 @@ class Judge:
         wanted = self._tools(status)
         if not wanted:
             return (), None
-        job = CallJob(task, library, state.spec.payload(), state.stages[0].seed)
+        job = CallJob(task, library, state.spec.payload(), state.tool_inputs)
         chosen = {kind: self.tool_runs.take(kind) for kind in wanted}
         with ThreadPoolExecutor(max_workers=len(chosen)) as pool:
             futures = {}

@@ -35,7 +35,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ptxgym import paths
 from ptxgym.isolation import python_environment, restrict_writes, seal
@@ -43,6 +43,10 @@ from ptxgym.processes import ProcessGroup, wait_for_word
 from ptxgym.sass import family_present
 from ptxgym.single_call import CallJob, PendingCall, call_seconds
 from ptxgym.tasks import Task
+
+if TYPE_CHECKING:
+    import numpy
+    from numpy.typing import NDArray
 
 THREAD_METRIC = "sass__thread_inst_executed_true_per_opcode"
 WARP_METRIC = "sass__inst_executed_per_opcode"
@@ -273,15 +277,15 @@ def profile_candidate(
     task: Task,
     library: str,
     workload: Mapping[str, Any],
-    seed: int,
+    inputs: Mapping[str, NDArray[numpy.uint8]],
     *,
     device: int,
     timeout_s: float = DEFAULT_TIMEOUT_S,
     details: bool = False,
 ) -> InstructionProfile:
-    """Profile one call of the candidate on ``workload`` (axes and sequences) with ``seed``;
-    ``details``: also ``DETAIL_METRICS``."""
-    job = CallJob(task, library, workload, seed)
+    """Profile one call of the candidate on ``workload`` (axes and sequences) with ``inputs``
+    (made by ``ptxgym.worker.host_inputs``); ``details``: also ``DETAIL_METRICS``."""
+    job = CallJob(task, library, workload, inputs)
     return PendingProfile(device=device, metrics=profile_metrics(details)).finish(job, timeout_s)
 
 

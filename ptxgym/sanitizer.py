@@ -18,11 +18,15 @@ import re
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from ptxgym import paths
 from ptxgym.single_call import CallJob, PendingCall, call_seconds
 from ptxgym.tasks import Task
+
+if TYPE_CHECKING:
+    import numpy
+    from numpy.typing import NDArray
 
 Tool = Literal["memcheck", "racecheck"]
 DEFAULT_TIMEOUT_S = 120.0
@@ -130,14 +134,15 @@ def sanitize_candidate(
     task: Task,
     library: str,
     workload: Mapping[str, Any],
-    seed: int,
+    inputs: Mapping[str, NDArray[numpy.uint8]],
     *,
     device: int,
     tool: Tool = "memcheck",
     timeout_s: float = DEFAULT_TIMEOUT_S,
 ) -> SanitizerReport:
-    """Run one call of the candidate on ``workload`` with ``seed`` under ``tool``."""
-    job = CallJob(task, library, workload, seed)
+    """Run one call of the candidate on ``workload`` under ``tool``, with ``inputs`` (made by
+    ``ptxgym.worker.host_inputs``)."""
+    job = CallJob(task, library, workload, inputs)
     return PendingSanitizer(device=device, tool=tool).finish(job, timeout_s)
 
 

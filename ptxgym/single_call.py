@@ -1,25 +1,32 @@
 """One call of a candidate on one input set, as a program of its own, started ahead of time.
 
 The Nsight Compute profile and compute-sanitizer both need the candidate to run under a tool that
-starts the process itself, so neither can reuse the worker. This module is that process: it makes
-one input set with the task's trusted generator, allocates poisoned outputs, and calls the
-candidate once between ``cudaProfilerStart`` and ``cudaProfilerStop`` (so a profiler started with
+starts the process itself, so neither can reuse the worker. This module is that process: it
+copies one input set, made by the caller with the task's trusted generator
+(``ptxgym.worker.host_inputs``), to the GPU, allocates poisoned outputs, and calls the candidate
+once between ``cuProfilerStart`` and ``cuProfilerStop`` (so a profiler started with
 ``--profile-from-start off`` sees only the candidate's own launches). It never sees references.
+It talks to CUDA through the driver API (``DriverContext``), not torch: importing torch was most
+of a run's start-up CPU time, which bounds 16 trajectories on the H200 host (docs/benchmarks.md,
+tenth session).
 
-Most of such a run is start-up (the tool, Python, torch, the CUDA context under the tool), so the
+Most of such a run is still start-up (the tool, Python, the CUDA context under the tool), so the
 judge keeps runs started ahead of need (``PendingCall``), not yet bound to a candidate, as it keeps
 workers. A waiting run has made its CUDA context (holding the GPU shared: ``ptxgym.gpu_lock``,
 unless ``JudgeSettings.lock_startups`` is off), and does nothing until the word: ``go``, with the
-job (the candidate's library, its task and input set), or ``stop``. After ``go`` it holds the GPU
-alone to load the candidate, make the inputs and call it (a profile run profiles the call in its
-turn: ``ptxgym.gpu_lock.profiler_turn``). It runs with a scrubbed environment in a folder of its
-own, and gives up waiting when the judge is gone.
+job (the candidate's library, its task, and the input files the judge wrote into the run's
+folder), or ``stop``. After ``go`` it reads the inputs, then holds the GPU alone to copy them,
+load the candidate and call it (a profile run profiles the call in its turn:
+``ptxgym.gpu_lock.profiler_turn``). It runs with a scrubbed environment in a folder of its own,
+and gives up waiting when the judge is gone.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import json
+import math
 import os
 import shutil
 import sys
@@ -28,7 +35,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ptxgym.gpu_lock import (
     ensure_lock_file,
@@ -38,11 +45,15 @@ from ptxgym.gpu_lock import (
     profiler_turn,
     startup_hold,
 )
-from ptxgym.gpus import initialize_driver, make_context, physical_device
+from ptxgym.gpus import initialize_driver, physical_device
 from ptxgym.isolation import limit_resources, python_environment, restrict_writes, seal
 from ptxgym.processes import POLL_S, ProcessGroup, wait_for_word
 from ptxgym.tasks import Task
 from ptxgym.timing import seconds_into
+
+if TYPE_CHECKING:
+    import numpy
+    from numpy.typing import NDArray
 
 T = TypeVar("T")
 EXIT_ENTRY_FAILED = 3  # the entry point returned a CUDA error
@@ -54,31 +65,41 @@ CALL_SECONDS_KEYS = (
     "driver",
     "context",
     "ready",
+    "read",
     "gpu_wait",
     "profiler_wait",
-    "load",
     "inputs",
+    "load",
     "call",
     "gpu",
 )
+# The worker's poison for outputs (NaN; -0x7EADBEEF for integers) as the bit pattern a memset
+# writes: element bytes and pattern, per dtype.
+_POISON_PATTERNS = {
+    "bfloat16": (2, 0x7FC0),
+    "float32": (4, 0x7FC0_0000),
+    "int32": (4, -0x7EAD_BEEF & 0xFFFF_FFFF),
+}
 
 
 @dataclass(frozen=True)
 class CallJob:
-    """What one call is: the candidate's library, the task it is for, and its input set."""
+    """What one call is: the candidate's library, the task it is for, and one input set."""
 
     task: Task
     library: str
     workload: Mapping[str, Any]  # axes and sequences of one workload
-    seed: int
+    # Each input's bytes, made with the task's trusted generator (ptxgym.worker.host_inputs).
+    inputs: Mapping[str, NDArray[numpy.uint8]]
 
-    def to_json(self) -> str:
+    def to_json(self, input_files: Mapping[str, str]) -> str:
+        """The job as the program reads it, its inputs in ``input_files`` (name: path)."""
         return json.dumps(
             {
                 "task": self.task.model_dump(mode="json"),
                 "library": self.library,
                 "workload": dict(self.workload),
-                "seed": self.seed,
+                "inputs": dict(input_files),
             }
         )
 
@@ -135,9 +156,21 @@ class PendingCall:
         """Hand over the job, give the word, and wait for the end: exit code (None past the
         deadline) and output."""
         assert self.group is not None, "start() first"
-        self._job.write_text(job.to_json())  # complete before the word: the program reads it then
-        self._go.touch()
+        self.hand_over(job)
         return self.group.wait(timeout_s)
+
+    def hand_over(self, job: CallJob) -> None:
+        """Write the job and its input files into the folder, then give the word."""
+        files = {}
+        for index, (name, data) in enumerate(job.inputs.items()):
+            # In the run's own folder: another run's candidate cannot change them
+            # (ptxgym.landlock), and they go with the folder.
+            path = self.folder / f"input-{index}.bin"
+            path.write_bytes(data.data)
+            files[name] = str(path)
+        # Complete before the word: the program reads it then.
+        self._job.write_text(job.to_json(files))
+        self._go.touch()
 
     def wait_until_gpu_taken(self, timeout_s: float) -> None:
         """Return once the program holds the GPU alone for its call (or has ended, or
@@ -165,27 +198,25 @@ class PendingCall:
 
 
 def run_job(spec_path: str) -> int:
-    """Start up, wait for the word and the job, then make the inputs and call the candidate."""
+    """Start up, wait for the word and the job, then copy the inputs and call the candidate."""
     # A printf flood ends this process instead of filling the disk (as in the worker).
     limit_resources()
     spec = json.loads(Path(spec_path).read_text())
-    import torch
-
-    from ptxgym.worker import Entry, allocate_outputs, make_inputs
+    from ptxgym.worker import Entry
 
     gpu_lock = Path(spec["gpu_lock"])
-    # The start-up (Python, torch, the driver with the tool's injection, the CUDA context under
-    # the tool) happens ahead of need, so that after the word only the call is left. The
-    # context is made holding the GPU shared: a context made beside a timing moves it
-    # (ptxgym.gpu_lock). Nothing else touches the GPU before the word: inputs made ahead, by
-    # every waiting run, held the GPU long enough to keep timings waiting (docs/benchmarks.md,
-    # fourth session), and no candidate code is loaded before it.
+    # The start-up (Python, the driver with the tool's injection, the CUDA context under the
+    # tool) happens ahead of need, so that after the word only the call is left. The context is
+    # made holding the GPU shared: a context made beside a timing moves it (ptxgym.gpu_lock).
+    # Nothing else touches the GPU before the word: inputs made ahead, by every waiting run,
+    # held the GPU long enough to keep timings waiting (docs/benchmarks.md, fourth session), and
+    # no candidate code is loaded before it.
     seconds: dict[str, float] = {}
     with seconds_into(seconds, "driver"):  # outside the lock: loading it puts nothing on the GPU
         initialize_driver()
     startup_lock = Path(spec["startup_lock"]) if spec["startup_lock"] else None
     with seconds_into(seconds, "context"), startup_hold(startup_lock):
-        make_context(0)  # the run sees only its GPU (CUDA_VISIBLE_DEVICES)
+        cuda = DriverContext()  # the run sees only its GPU (CUDA_VISIBLE_DEVICES)
     # The tools talk to this process over sockets, so those stay; the rest of the filter holds.
     seal(network=True)
     # Writes only in this call's folder from here on (the tool's own processes write the report).
@@ -195,8 +226,9 @@ def run_job(spec_path: str) -> int:
             return EXIT_NOT_WANTED
     job = json.loads(Path(spec["job"]).read_text())
     task = Task.model_validate(job["task"])
-    workload = job["workload"]
-    axes = {**task.definition.const_axes, **workload["axes"]}
+    axes = {**task.definition.const_axes, **job["workload"]["axes"]}
+    with seconds_into(seconds, "read"):  # before the GPU is held: only the copies need it
+        data = {name: Path(job["inputs"][name]).read_bytes() for name in task.definition.inputs}
     # The call has the GPU to itself. Nsight Compute and compute-sanitizer do not overlap well:
     # on the H200, runs sharing the GPU made a step slower, not faster (docs/benchmarks.md,
     # third session).
@@ -208,20 +240,18 @@ def run_job(spec_path: str) -> int:
         if profiler_lock is not None:
             # Also before the candidate's code is loaded, which could otherwise take it first.
             seconds["profiler_wait"] = turn.enter_context(profiler_turn(profiler_lock))
+        with seconds_into(seconds, "inputs"):
+            inputs = {name: cuda.upload(data.pop(name)) for name in task.definition.inputs}
+            outputs = {
+                name: cuda.poisoned(math.prod(axes[axis] for axis in output.shape), output.dtype)
+                for name, output in task.definition.outputs.items()
+            }
+            stream = cuda.stream()
+            cuda.synchronize()
         with seconds_into(seconds, "load"):
             entry = Entry(job["library"], task)
-        with seconds_into(seconds, "inputs"):
-            inputs = make_inputs(task, workload, int(job["seed"]), False)
-            outputs = allocate_outputs(task, axes)
-            stream = torch.cuda.Stream()
-            torch.cuda.synchronize()
-
-        def call_entry() -> int:
-            with torch.cuda.stream(stream):
-                return entry(inputs, outputs, axes, stream.cuda_stream)
-
         with seconds_into(seconds, "call"):
-            code = profiled(call_entry)
+            code = profiled(cuda, lambda: entry(inputs, outputs, axes, stream))
     seconds["gpu_wait"] = waited
     seconds["gpu"] = time.perf_counter() - started - waited
     # Last, after anything the candidate printed: the judge reads the last such line.
@@ -229,17 +259,83 @@ def run_job(spec_path: str) -> int:
     return 0 if code == 0 else EXIT_ENTRY_FAILED
 
 
-def profiled(launch: Callable[[], T]) -> T:
-    """``launch()`` between ``cudaProfilerStart`` and ``cudaProfilerStop``, with the GPU idle
-    before and after: a profiler started with ``--profile-from-start off`` sees its launches and
-    nothing else."""
-    import torch
+@dataclass(frozen=True)
+class Allocation:
+    """A buffer of the program's on the GPU, as the entry point is handed it."""
 
-    torch.cuda.synchronize()
-    torch.cuda.profiler.start()
+    pointer: int
+
+    def data_ptr(self) -> int:
+        return self.pointer
+
+
+class DriverContext:
+    """This process's CUDA context through the driver API (ctypes on libcuda): the primary
+    context of device 0, which the candidate's CUDA runtime then finds and uses too. Every call
+    is checked: a failure raises, which ends the program (an unknown tool result)."""
+
+    def __init__(self) -> None:
+        self._cuda = ctypes.CDLL("libcuda.so.1")
+        self._check("cuInit", 0)
+        device = ctypes.c_int()
+        self._check("cuDeviceGet", ctypes.byref(device), 0)
+        context = ctypes.c_void_p()
+        self._check("cuDevicePrimaryCtxRetain", ctypes.byref(context), device)
+        self._check("cuCtxSetCurrent", context)
+
+    def _check(self, function: str, *arguments: object) -> None:
+        code = getattr(self._cuda, function)(*arguments)
+        if code != 0:
+            name = ctypes.c_char_p()
+            self._cuda.cuGetErrorName(code, ctypes.byref(name))
+            raise RuntimeError(f"{function}: CUDA error {code} ({(name.value or b'?').decode()})")
+
+    def allocate(self, nbytes: int) -> Allocation:
+        pointer = ctypes.c_uint64()
+        self._check("cuMemAlloc_v2", ctypes.byref(pointer), ctypes.c_size_t(max(nbytes, 1)))
+        return Allocation(pointer.value)
+
+    def upload(self, data: bytes) -> Allocation:
+        """A new buffer holding ``data``."""
+        buffer = self.allocate(len(data))
+        self._check(
+            "cuMemcpyHtoD_v2", ctypes.c_uint64(buffer.pointer), data, ctypes.c_size_t(len(data))
+        )
+        return buffer
+
+    def poisoned(self, elements: int, dtype: str) -> Allocation:
+        """A new buffer of ``elements`` of ``dtype``, each set to the worker's poison."""
+        size, pattern = _POISON_PATTERNS[dtype]
+        buffer = self.allocate(elements * size)
+        pointer, count = ctypes.c_uint64(buffer.pointer), ctypes.c_size_t(elements)
+        if size == 2:
+            self._check("cuMemsetD16_v2", pointer, ctypes.c_ushort(pattern), count)
+        else:
+            self._check("cuMemsetD32_v2", pointer, ctypes.c_uint(pattern), count)
+        return buffer
+
+    def stream(self) -> int:
+        """A new stream (its handle, as the entry point takes it)."""
+        stream = ctypes.c_void_p()
+        self._check("cuStreamCreate", ctypes.byref(stream), 0)
+        return stream.value or 0
+
+    def synchronize(self) -> None:
+        self._check("cuCtxSynchronize")
+
+    def profiler(self, on: bool) -> None:
+        self._check("cuProfilerStart" if on else "cuProfilerStop")
+
+
+def profiled(cuda: DriverContext, launch: Callable[[], T]) -> T:
+    """``launch()`` between ``cuProfilerStart`` and ``cuProfilerStop``, with the GPU idle before
+    and after: a profiler started with ``--profile-from-start off`` sees its launches and
+    nothing else."""
+    cuda.synchronize()
+    cuda.profiler(True)
     result = launch()
-    torch.cuda.synchronize()
-    torch.cuda.profiler.stop()
+    cuda.synchronize()
+    cuda.profiler(False)
     return result
 
 
@@ -248,10 +344,11 @@ def call_seconds(output: str) -> dict[str, float]:
     word: ``driver`` (loading the driver and the tool's injection, outside the GPU lock),
     ``context`` (making the CUDA context under the tool, waiting for the GPU shared included)
     and ``ready`` (waiting for the word; about 0 when the start-up itself kept the judge
-    waiting). After it: ``gpu_wait`` (waiting to have the GPU alone) and ``gpu`` (holding it),
-    made of ``profiler_wait`` (a profile run's wait for its turn to profile,
-    ``ptxgym.gpu_lock.profiler_turn``), ``load`` (the candidate's library), ``inputs`` (its
-    inputs and outputs) and ``call`` (the call under the tool: for the profile, its replays).
+    waiting). After it: ``read`` (the input files), ``gpu_wait`` (waiting to have the GPU
+    alone) and ``gpu`` (holding it), made of ``profiler_wait`` (a profile run's wait for its
+    turn to profile, ``ptxgym.gpu_lock.profiler_turn``), ``inputs`` (copying the inputs,
+    poisoning the outputs), ``load`` (the candidate's library) and ``call`` (the call under the
+    tool: for the profile, its replays).
     Empty when there is no such line (the run failed before its end). For the stage breakdown
     only: nothing is judged on it."""
     for line in reversed(output.splitlines()):

@@ -14,10 +14,10 @@ import ctypes
 import faulthandler
 import importlib
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ptxgym import channel
 from ptxgym.gpu_lock import startup_hold
@@ -27,7 +27,9 @@ from ptxgym.tasks import Task
 from ptxgym.timing import Timer
 
 if TYPE_CHECKING:
+    import numpy
     import torch
+    from numpy.typing import NDArray
 
 # What a worker imports before its job (Python's part of its start-up): a judge that forks its
 # workers (JudgeSettings.fork_workers) has them imported once, in the process it forks them
@@ -60,6 +62,22 @@ def make_inputs(
     return inputs
 
 
+def host_bytes(tensors: Mapping[str, torch.Tensor]) -> dict[str, NDArray[numpy.uint8]]:
+    """Each tensor's bytes, in its memory order, copied to host memory: inputs for a
+    single-call program (``ptxgym.single_call``), which copies them to its GPU as they are."""
+    import torch
+
+    return {
+        name: tensor.contiguous().view(-1).view(torch.uint8).cpu().numpy()
+        for name, tensor in tensors.items()
+    }
+
+
+def host_inputs(task: Task, workload: dict[str, Any], seed: int) -> dict[str, NDArray[numpy.uint8]]:
+    """The task's inputs for one workload and seed (no outliers), in host memory."""
+    return host_bytes(make_inputs(task, workload, seed, False))
+
+
 def allocate_outputs(task: Task, axes: dict[str, int]) -> dict[str, torch.Tensor]:
     """Output buffers of the definition's shapes and dtypes, poisoned."""
     import torch
@@ -81,6 +99,13 @@ def poison(outputs: dict[str, torch.Tensor]) -> None:
             tensor.fill_(-0x7EADBEEF)
 
 
+class DeviceBuffer(Protocol):
+    """What the entry point is handed a buffer as: a torch tensor, or a single-call program's
+    own allocation (``ptxgym.single_call.DriverContext``)."""
+
+    def data_ptr(self) -> int: ...
+
+
 class Entry:
     """The candidate's C entry point, bound with ctypes to the task's signature."""
 
@@ -98,9 +123,9 @@ class Entry:
 
     def __call__(
         self,
-        inputs: dict[str, torch.Tensor],
-        outputs: dict[str, torch.Tensor],
-        axes: dict[str, int],
+        inputs: Mapping[str, DeviceBuffer],
+        outputs: Mapping[str, DeviceBuffer],
+        axes: Mapping[str, int],
         stream: int,
     ) -> int:
         definition = self.task.definition

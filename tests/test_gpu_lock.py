@@ -139,7 +139,7 @@ def test_a_waiting_exclusive_holder_goes_before_later_shared_ones(
 _LOCK_FILE: list[str] = []
 
 
-def _probe_lock(device: int) -> None:
+def _probe_lock(*arguments: object) -> None:
     os.write(1, _lock_state().encode() + b"\n")
     os._exit(0)
 
@@ -167,14 +167,14 @@ def _start_up(target: object, args: tuple[object, ...]) -> None:
 
 
 def _probe_contexts_of(
-    module: object, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, locked: bool
+    module: object, maker: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, locked: bool
 ) -> str | None:
-    """Put the stand-in in place of ``module``'s ``make_context``; the lock file to hand the
-    start-up (None when it is to start without the lock)."""
+    """Put the stand-in in place of ``module``'s context maker (named ``maker``); the lock
+    file to hand the start-up (None when it is to start without the lock)."""
     monkeypatch.setenv("PTXGYM_LOCK_DIR", str(tmp_path / "locks"))
     with holding(lock_path(0), exclusive=False):
         pass  # the judge makes the lock's files before it starts workers and tool runs
-    monkeypatch.setattr(module, "make_context", _probe_lock)
+    monkeypatch.setattr(module, maker, _probe_lock)
     monkeypatch.setattr(sys.modules[__name__], "_LOCK_FILE", [str(lock_path(0))])
     return str(lock_path(0)) if locked else None
 
@@ -185,7 +185,7 @@ def test_a_worker_makes_its_context_holding_the_gpu(
 ) -> None:
     from ptxgym import worker
 
-    startup_lock = _probe_contexts_of(worker, tmp_path, monkeypatch, locked)
+    startup_lock = _probe_contexts_of(worker, "make_context", tmp_path, monkeypatch, locked)
     log = tmp_path / "worker.log"
     _judge_end, child = multiprocessing.get_context("fork").Pipe()  # kept open meanwhile
     _start_up(worker.worker_main, (child, 0, str(log), str(tmp_path / "home"), startup_lock))
@@ -198,7 +198,7 @@ def test_a_tool_run_makes_its_context_holding_the_gpu(
 ) -> None:
     from ptxgym import single_call
 
-    startup_lock = _probe_contexts_of(single_call, tmp_path, monkeypatch, locked)
+    startup_lock = _probe_contexts_of(single_call, "DriverContext", tmp_path, monkeypatch, locked)
     spec = {"gpu_lock": str(lock_path(0)), "startup_lock": startup_lock, "profiler_lock": None}
     spec_path = tmp_path / "spec.json"
     spec_path.write_text(json.dumps(spec))
@@ -231,10 +231,7 @@ def test_a_profile_run_loads_and_calls_the_candidate_in_its_turn(
     # writes confined (so the lock's file is made for it) and before the candidate's library
     # is loaded; a sanitizer run takes none. Here the GPU's part is stood in for: the library's
     # loading and the call say whether the turn is held.
-    import contextlib
-    import types
-
-    import torch
+    import numpy
 
     from ptxgym import single_call, worker
     from ptxgym.single_call import CallJob, PendingCall, call_seconds
@@ -251,26 +248,44 @@ def test_a_profile_run_loads_and_calls_the_candidate_in_its_turn(
     assert sanitizer_spec["profiler_lock"] is None
     assert spec["profiler_lock"] == str(profiler_lock_path())
     task = get_task("PTX-H100-GEMM")
-    Path(spec["job"]).write_text(CallJob(task, "candidate.so", {"axes": {}}, 1).to_json())
-    Path(spec["go"]).touch()
+    inputs = {name: numpy.full(4, index, numpy.uint8) for index, name in enumerate("AB")}
+    profile_run.hand_over(CallJob(task, "candidate.so", task.workloads[0].payload(), inputs))
 
     monkeypatch.setattr(sys.modules[__name__], "_LOCK_FILE", [spec["profiler_lock"]])
-    monkeypatch.setattr(single_call, "make_context", lambda device: None)
-    monkeypatch.setattr(single_call, "profiled", lambda launch: launch())
+    monkeypatch.setattr(single_call, "DriverContext", _StandInContext)
+    monkeypatch.setattr(single_call, "profiled", lambda cuda, launch: launch())
     monkeypatch.setattr(worker, "Entry", _ProbingEntry)
-    monkeypatch.setattr(worker, "make_inputs", lambda *arguments: {})
-    monkeypatch.setattr(worker, "allocate_outputs", lambda *arguments: {})
-    monkeypatch.setattr(torch.cuda, "Stream", lambda: types.SimpleNamespace(cuda_stream=0))
-    monkeypatch.setattr(torch.cuda, "stream", lambda stream: contextlib.nullcontext())
-    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
     try:
         text = _run_job_output(
             profile_run.folder / "spec.json", profile_run.folder, tmp_path / "out"
         )
     finally:
         profile_run.close()
-    assert text.splitlines()[:2] == ["load: held", "call: held"], text
+    # The judge's input files reached the program, each to its own input.
+    assert text.splitlines()[:4] == [
+        "upload: 00000000",
+        "upload: 01010101",
+        "load: held",
+        "call: held",
+    ], text
     assert "profiler_wait" in call_seconds(text)
+
+
+class _StandInContext:
+    """A stand-in for the program's CUDA context: says what it is asked to upload."""
+
+    def upload(self, data: bytes) -> object:
+        os.write(1, b"upload: " + data.hex().encode() + b"\n")
+        return None
+
+    def poisoned(self, elements: int, dtype: str) -> object:
+        return None
+
+    def stream(self) -> int:
+        return 0
+
+    def synchronize(self) -> None:
+        pass
 
 
 class _ProbingEntry:

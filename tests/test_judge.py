@@ -3,6 +3,7 @@ cannot start, and how workers are started."""
 
 from __future__ import annotations
 
+import subprocess
 import sys
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -11,6 +12,7 @@ import pytest
 
 from ptxgym import judge as judge_module
 from ptxgym.baselines import baseline_key, cached_baseline, store_baseline
+from ptxgym.isolation import python_environment
 from ptxgym.judge import Judge, JudgeSettings, WorkerStartError, _Worker, worker_context
 from ptxgym.tasks import get_task
 from ptxgym.worker import WORKER_IMPORTS
@@ -152,3 +154,19 @@ def test_forked_workers_begin_with_their_imports_done(fork: bool) -> None:
     process.join(timeout=30)
     assert process.exitcode == 0
     assert ("torch" in imported) is fork
+
+
+def test_a_tool_run_starts_without_torch(tmp_path: Path) -> None:
+    # A tool run's program (ptxgym.single_call, with the worker's Entry it binds the candidate
+    # with) talks to the CUDA driver itself: importing torch was most of a run's start-up CPU
+    # time on the H200 host, where the CPU bounds 16 trajectories.
+    code = "import sys, ptxgym.single_call, ptxgym.worker; print('torch' in sys.modules)"
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        env=python_environment(tmp_path),
+        cwd=tmp_path,
+    )
+    assert result.stdout.strip() == "False"

@@ -55,7 +55,7 @@ def test_an_unknown_profile_never_qualifies() -> None:
 
 def test_missing_profiler_gives_unknown(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PTXGYM_NCU", "/nonexistent/ncu")
-    result = profile_candidate(H100, "/nonexistent.so", WORKLOAD, 1, device=0)
+    result = profile_candidate(H100, "/nonexistent.so", WORKLOAD, {}, device=0)
     assert not result.ok and result.qualified is None
     assert "not found" in result.reason
 
@@ -74,7 +74,7 @@ def test_failing_profiler_gives_unknown_with_its_words(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("PTXGYM_NCU", str(_fake_ncu(tmp_path, "echo 'ERR_NVGPUCTRPERM'; exit 1")))
-    result = profile_candidate(H100, "/nonexistent.so", WORKLOAD, 1, device=0)
+    result = profile_candidate(H100, "/nonexistent.so", WORKLOAD, {}, device=0)
     assert not result.ok and "exit code 1" in result.reason and "ERR_NVGPUCTRPERM" in result.reason
 
 
@@ -82,7 +82,7 @@ def test_hanging_profiler_is_killed_and_gives_unknown(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("PTXGYM_NCU", str(_fake_ncu(tmp_path, "sleep 60")))
-    result = profile_candidate(H100, "/nonexistent.so", WORKLOAD, 1, device=0, timeout_s=1)
+    result = profile_candidate(H100, "/nonexistent.so", WORKLOAD, {}, device=0, timeout_s=1)
     assert not result.ok and "within 1 s" in result.reason
 
 
@@ -161,7 +161,7 @@ def recording_ncu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def test_report_is_read_through_the_report_interface(recording_ncu: Path) -> None:
-    result = profile_candidate(H100, "/nonexistent.so", WORKLOAD, 1, device=0)
+    result = profile_candidate(H100, "/nonexistent.so", WORKLOAD, {}, device=0)
     assert result.ok, result.reason
     assert result.thread_counts == {"HGMMA": 384, "FFMA": 7}
     assert result.warp_counts == {"HGMMA": 12, "FFMA": 1}
@@ -187,7 +187,7 @@ def test_report_is_read_through_the_report_interface(recording_ncu: Path) -> Non
 
 
 def test_details_are_collected_on_request(recording_ncu: Path) -> None:
-    result = profile_candidate(H100, "/nonexistent.so", WORKLOAD, 1, device=0, details=True)
+    result = profile_candidate(H100, "/nonexistent.so", WORKLOAD, {}, device=0, details=True)
     assert result.ok, result.reason
     metrics = recording_ncu.read_text().split("--metrics ")[1].split()[0].split(",")
     assert set(metrics) == {*PROFILE_METRICS, *DETAIL_METRICS.values()}
@@ -206,7 +206,7 @@ def test_a_report_the_profiled_program_writes_itself_is_never_read(
         _FAKE_REPORT_MODULE,
     )
     monkeypatch.setenv("PTXGYM_NCU", str(ncu))
-    result = profile_candidate(H100, "/nonexistent.so", WORKLOAD, 1, device=0)
+    result = profile_candidate(H100, "/nonexistent.so", WORKLOAD, {}, device=0)
     assert not result.ok and "the profiled run failed" in result.reason
 
 

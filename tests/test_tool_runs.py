@@ -18,6 +18,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy
 import pytest
 
 from ptxgym.judge import Judge, JudgeSettings, _Stage, _WorkloadState
@@ -44,7 +45,9 @@ while True:
     if Path(spec["go"]).exists():
         break
     time.sleep(0.01)
-(marks / (name + ".went")).write_text(Path(spec["job"]).read_text())
+job = json.loads(Path(spec["job"]).read_text())
+job["input_bytes"] = {{k: Path(v).read_bytes().hex() for k, v in job["inputs"].items()}}
+(marks / (name + ".went")).write_text(json.dumps(job))
 (marks / (name + ".went-at")).write_text(str(time.monotonic()))
 time.sleep({hold})  # the program's start-up after the word, before it has the GPU
 Path(spec["taken"]).touch()
@@ -101,7 +104,8 @@ def judge(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Judge]:
 
 
 def _state() -> _WorkloadState:
-    return _WorkloadState(GEMM.workloads[0], [_Stage("trial0", 7, False)], 1.0, "cupti")
+    inputs = {"A": numpy.array([1, 2], numpy.uint8), "B": numpy.array([3], numpy.uint8)}
+    return _WorkloadState(GEMM.workloads[0], [_Stage("trial0", 7, False)], 1.0, "cupti", inputs)
 
 
 def _marks(tmp_path: Path, suffix: str) -> list[Path]:
@@ -143,7 +147,7 @@ def test_a_crash_runs_memcheck_and_keeps_the_profile_waiting(judge: Judge, tmp_p
     (went,) = _marks(tmp_path, "went")
     assert went.name.startswith("compute-sanitizer-")
     job = json.loads(went.read_text())  # the job is handed over with the word
-    assert job["library"] == "/x.so" and job["seed"] == 7
+    assert job["library"] == "/x.so" and job["input_bytes"] == {"A": "0102", "B": "03"}
     assert job["task"]["id"] == GEMM.id
     # The profile run nobody needed waits on for the next evaluation; memcheck's is replaced.
     assert judge.tool_runs.waiting("profile") == 2

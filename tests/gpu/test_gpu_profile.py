@@ -7,8 +7,10 @@ warpgroup is 4 warp-level HGMMA (128 predicated-on threads), one TMA load is 1 p
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -19,6 +21,7 @@ from ptxgym.gpu_evaluator import LocalGPUEvaluator, incompatibility
 from ptxgym.judge import JudgeSettings
 from ptxgym.profile import InstructionProfile, profile_candidate
 from ptxgym.tasks import get_task
+from ptxgym.worker import host_inputs
 
 pytestmark = pytest.mark.gpu
 
@@ -28,6 +31,12 @@ BLOCKS = GEMM.workloads[0].axes["M"] // 64  # the test kernels launch one warpgr
 KERNELS = Path(__file__).parents[1] / "kernels"
 NAIVE_GEMM = (paths.examples_dir() / "naive" / "gemm.cu").read_text()
 SHORT = JudgeSettings(stage_timeout_s=60.0, warmup=2, iters=5, trials=3)
+
+
+@functools.cache
+def _inputs() -> dict[str, Any]:
+    """The first workload's inputs for seed 1, made once (the judge's trusted generator)."""
+    return host_inputs(GEMM, WORKLOAD, 1)
 
 
 @pytest.fixture(autouse=True)
@@ -40,7 +49,7 @@ def _sm90() -> None:
 def _profile(source: str) -> InstructionProfile:
     build = compile_source(source, GEMM)
     assert build.ok and build.library is not None, build.log
-    result = profile_candidate(GEMM, build.library, WORKLOAD, seed=1, device=0)
+    result = profile_candidate(GEMM, build.library, WORKLOAD, _inputs(), device=0)
     assert result.ok, result.reason
     return result
 

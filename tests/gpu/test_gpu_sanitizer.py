@@ -4,6 +4,9 @@ clean; racecheck (on request) finds a shared-memory race."""
 
 from __future__ import annotations
 
+import functools
+from typing import Any
+
 import pytest
 
 from ptxgym import paths
@@ -13,12 +16,21 @@ from ptxgym.gpu_evaluator import LocalGPUEvaluator, incompatibility
 from ptxgym.judge import JudgeSettings
 from ptxgym.sanitizer import sanitize_candidate
 from ptxgym.tasks import get_task
+from ptxgym.worker import host_inputs
 
 pytestmark = pytest.mark.gpu
 
 GEMM = get_task("PTX-H100-GEMM")
 WORKLOAD = {"axes": GEMM.workloads[0].axes, "sequences": {}}
 NAIVE_GEMM = (paths.examples_dir() / "naive" / "gemm.cu").read_text()
+
+
+@functools.cache
+def _inputs() -> dict[str, Any]:
+    """The first workload's inputs for seed 1, made once (the judge's trusted generator)."""
+    return host_inputs(GEMM, WORKLOAD, 1)
+
+
 LAUNCH_END = "  return static_cast<int>(cudaGetLastError());\n}"
 
 # The naive GEMM plus one write of one float past the end of a 100-float scratch buffer of its
@@ -94,11 +106,13 @@ def test_memcheck_turns_a_hidden_out_of_bounds_write_into_memory_error() -> None
 
 
 def test_racecheck_finds_a_shared_memory_race() -> None:
-    report = sanitize_candidate(GEMM, _library(RACY), WORKLOAD, 1, device=0, tool="racecheck")
+    library = _library(RACY)
+    report = sanitize_candidate(GEMM, library, WORKLOAD, _inputs(), device=0, tool="racecheck")
     assert report.ok, report.reason
     assert report.errors >= 1 and report.findings
 
 
 def test_memcheck_of_a_clean_kernel_is_clean() -> None:
-    report = sanitize_candidate(GEMM, _library(RACY), WORKLOAD, 1, device=0, tool="memcheck")
+    library = _library(RACY)
+    report = sanitize_candidate(GEMM, library, WORKLOAD, _inputs(), device=0, tool="memcheck")
     assert report.ok and report.clean, report.findings
