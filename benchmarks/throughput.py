@@ -159,21 +159,25 @@ def process_kind(pid: int, command: str) -> str:
 
 class CpuByProcessKind:
     """The CPU seconds (user + system) that the machine's processes spent over a level, by kind
-    of process, sampled from /proc every ``interval_s``. A process counts from its first sample
-    (less what it had spent when the level began) to its last, so the ends of processes, and
-    processes that begin and end between samples, are missed: ``unsampled`` is the machine's
-    busy total less the sum."""
+    of process, sampled from /proc every ``interval_s``. A process is classified when first
+    seen, and again when it runs another program (its command line is gone once it ends). It
+    counts from its first sample (less what it had spent when the level began) to its last, so
+    the ends of processes, and processes that begin and end between samples, are missed:
+    ``unsampled`` is the machine's busy total less the sum."""
 
     def __init__(self, interval_s: float = 0.25) -> None:
         self.interval_s = interval_s
         self._ticks = os.sysconf("SC_CLK_TCK")
+        self._kinds: dict[int, str] = {}
+        self._commands: dict[int, str] = {}
         self._start = self._sample()
-        self._last: dict[int, tuple[str, float]] = {}
+        self._last: dict[int, float] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
-    def _sample(self) -> dict[int, tuple[str, float]]:
+    def _sample(self) -> dict[int, float]:
+        """CPU seconds of each live process, each classified on first sight."""
         seen = {}
         for stat in Path("/proc").glob("[0-9]*/stat"):
             try:
@@ -181,9 +185,13 @@ class CpuByProcessKind:
                 fields = text.rsplit(")", 1)[1].split()
             except (OSError, IndexError):
                 continue
+            pid = int(stat.parent.name)
             command = text[text.index("(") + 1 : text.rindex(")")]
+            if self._commands.get(pid) != command:  # new, or a program run since (exec)
+                self._commands[pid] = command
+                self._kinds[pid] = process_kind(pid, command)
             cpu_ticks = int(fields[11]) + int(fields[12])  # utime, stime: fields 14, 15
-            seen[int(stat.parent.name)] = (command, cpu_ticks / self._ticks)
+            seen[pid] = cpu_ticks / self._ticks
         return seen
 
     def _run(self) -> None:
@@ -191,17 +199,18 @@ class CpuByProcessKind:
             self._last.update(self._sample())
 
     def stop(self, busy_s: float) -> dict[str, float]:
-        """End the sampling; CPU seconds by kind, the largest first, with ``unsampled``."""
+        """End the sampling; CPU seconds by kind (those of at least 0.05 s), the largest
+        first, with ``unsampled``."""
         self._stop.set()
         self._thread.join()
         self._last.update(self._sample())
         by_kind: collections.Counter[str] = collections.Counter()
-        for pid, (command, seconds) in self._last.items():
-            spent = seconds - self._start.get(pid, (command, 0.0))[1]
+        for pid, seconds in self._last.items():
+            spent = seconds - self._start.get(pid, 0.0)
             if spent > 0:
-                by_kind[process_kind(pid, command)] += spent
-        kinds = dict(by_kind.most_common())
-        return {**kinds, "unsampled": busy_s - sum(kinds.values())}
+                by_kind[self._kinds[pid]] += spent
+        kinds = {kind: cpu for kind, cpu in by_kind.most_common() if cpu >= 0.05}
+        return {**kinds, "unsampled": busy_s - sum(by_kind.values())}
 
 
 def run_level(

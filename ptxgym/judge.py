@@ -86,9 +86,15 @@ class JudgeSettings:
     # A worker takes seconds to start (Python, torch, CUDA, CUPTI); with several started ahead,
     # back-to-back steps find one ready even when an evaluation is shorter than a start.
     spare_workers: int = 3
-    # Sanitizer and profiler runs kept waiting beyond one per evaluation in flight, for each
-    # tool turned on (ptxgym.tool_runs); each holds a CUDA context under its tool.
+    # Sanitizer runs kept waiting beyond one per evaluation in flight, for each sanitizer
+    # turned on (ptxgym.tool_runs); each holds a CUDA context under its tool.
     spare_tool_runs: int = 1
+    # Profile runs kept waiting, however many evaluations are in flight: Nsight Compute's own
+    # process kept a CPU core busy for as long as its run lived (on the H200 host, 10.6
+    # CPU-seconds per evaluation at one trajectory and 30.8 at 16, where one per evaluation in
+    # flight waited: docs/benchmarks.md, tenth session). A profile wanted when none waits
+    # starts one (seconds).
+    spare_profile_runs: int = 2
     # Keep each workload's inputs seeds, references and baseline across requests (and the
     # baseline on disk). False rebuilds them for every request: only to measure what reuse saves.
     reuse_state: bool = True
@@ -318,6 +324,7 @@ class Judge:
             device,
             self._tools(Status.PASSED),
             settings.spare_tool_runs,
+            settings.spare_profile_runs,
             profile_details=settings.profile_details,
             lock_startups=settings.lock_startups,
         )

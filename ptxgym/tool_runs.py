@@ -1,9 +1,11 @@
 """Sanitizer and profiler runs kept started ahead of need, for the judge.
 
-A tool run's start-up (the tool, Python, torch, a CUDA context under the tool) takes seconds; only
-the call after the word is the candidate's. So the judge keeps, for each tool its settings turn
-on, runs started and waiting, not yet bound to a candidate (``ptxgym.single_call``), as it keeps
-workers: at least one for every evaluation in flight, plus ``spare``. An evaluation takes the
+A tool run's start-up (the tool, Python, a CUDA context under the tool) takes seconds; only the
+call after the word is the candidate's. So the judge keeps, for each tool its settings turn on,
+runs started and waiting, not yet bound to a candidate (``ptxgym.single_call``), as it keeps
+workers: a sanitizer run for every evaluation in flight, plus ``spare``; a fixed number of
+profile runs (``spare_profiles``), since Nsight Compute's own process keeps a CPU core busy for
+as long as its run lives (docs/benchmarks.md, tenth session). An evaluation takes the
 oldest waiting run of each tool its verdict calls for and hands it the job; a run it does not
 need (a failed candidate is not profiled) stays waiting for the next evaluation, so no start-up
 is wasted. A run whose program ended while waiting (a failed start-up) is dropped at the next
@@ -31,13 +33,17 @@ class ToolRuns:
         device: int,
         kinds: Iterable[ToolKind],
         spare: int,
+        spare_profiles: int,
         profile_details: bool = False,
         lock_startups: bool = True,
     ) -> None:
-        """``profile_details``: profiles also collect ``ptxgym.profile.DETAIL_METRICS``.
+        """``spare``: sanitizer runs kept waiting beyond one per evaluation in flight.
+        ``spare_profiles``: profile runs kept waiting, whatever the evaluations in flight.
+        ``profile_details``: profiles also collect ``ptxgym.profile.DETAIL_METRICS``.
         ``lock_startups``: runs make their CUDA contexts holding the GPU shared."""
         self.device = device
         self.spare = spare
+        self.spare_profiles = spare_profiles
         self.lock_startups = lock_startups
         self.profile_metrics = profile_metrics(profile_details)
         self._waiting: dict[ToolKind, list[PendingRun]] = {kind: [] for kind in kinds}
@@ -48,11 +54,13 @@ class ToolRuns:
         return tuple(self._waiting)
 
     def top_up(self, in_flight: int) -> None:
-        """Start runs until each kind has one waiting per evaluation in flight, plus spare."""
+        """Start runs until each sanitizer has one waiting per evaluation in flight, plus
+        ``spare``, and the profiler ``spare_profiles``."""
         for kind in self._waiting:
+            wanted = self.spare_profiles if kind == "profile" else in_flight + self.spare
             while True:
                 with self._mutex:
-                    if len(self._waiting[kind]) >= in_flight + self.spare:
+                    if len(self._waiting[kind]) >= wanted:
                         break
                 run = self._start(kind)
                 with self._mutex:
