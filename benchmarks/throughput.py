@@ -121,15 +121,8 @@ def busy_cpu_seconds() -> float:
     return (sum(fields) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
 
 
-# What a process is, from its command line (the first match wins) or else its command name.
-_KINDS_BY_ARGUMENT = (
-    ("ptxgym-memcheck-", "memcheck run (Python)"),
-    ("ptxgym-racecheck-", "racecheck run (Python)"),
-    ("ptxgym-profile-report-", "profile report reader"),
-    ("ptxgym-profile-", "profile run (Python)"),
-    ("multiprocessing.forkserver", "worker (or its forkserver)"),
-    ("multiprocessing.spawn", "worker (or its forkserver)"),
-)
+# What a process is: first by its command name (a tool's own arguments name our folders too),
+# then by what its command line runs.
 _KINDS_BY_COMMAND = {
     "ncu": "Nsight Compute",
     "compute-sanitiz": "compute-sanitizer",
@@ -137,23 +130,31 @@ _KINDS_BY_COMMAND = {
     "nvdisasm": "SASS listing",
 }
 _TOOLCHAIN = {"nvcc", "cicc", "ptxas", "cudafe++", "fatbinary", "nvlink", "cc1plus", "gcc", "g++"}
+_KINDS_BY_ARGUMENTS = (
+    (("ptxgym.single_call", "/ptxgym-memcheck-"), "memcheck run (Python)"),
+    (("ptxgym.single_call", "/ptxgym-racecheck-"), "racecheck run (Python)"),
+    (("ptxgym.single_call", "/ptxgym-profile-"), "profile run (Python)"),
+    (("ptxgym.profile", " read "), "profile report reader"),
+    (("multiprocessing.forkserver",), "worker (or its forkserver)"),
+    (("multiprocessing.spawn",), "worker (or its forkserver)"),
+)
 
 
 def process_kind(pid: int, command: str) -> str:
     """What process ``pid`` (command name ``command``) is, for ``CpuByProcessKind``."""
     if pid == os.getpid():
         return "judge (the benchmark's process)"
-    try:
-        arguments = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-    except OSError:
-        arguments = ""
-    for marker, kind in _KINDS_BY_ARGUMENT:
-        if marker in arguments:
-            return kind
     if command in _KINDS_BY_COMMAND:
         return _KINDS_BY_COMMAND[command]
     if command in _TOOLCHAIN or command.startswith(("ld", "collect2", "as")):
         return "compiler toolchain"
+    try:
+        arguments = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        arguments = ""
+    for markers, kind in _KINDS_BY_ARGUMENTS:
+        if all(marker in arguments for marker in markers):
+            return kind
     return f"other: {command}"
 
 
@@ -219,15 +220,17 @@ def run_level(
     busy_before = busy_cpu_seconds()
     sampler = CpuByProcessKind()
     started = time.perf_counter()
-    with ThreadPoolExecutor(max_workers=trajectories) as pool:
-        futures = [
-            pool.submit(trajectory, evaluator, task_id, source, f"t{index}", steps)
-            for index in range(trajectories)
-        ]
-        records = [record for future in futures for record in future.result()]
-    wall = time.perf_counter() - started
-    busy = busy_cpu_seconds() - busy_before
-    cpu_by_kind = sampler.stop(busy)
+    try:
+        with ThreadPoolExecutor(max_workers=trajectories) as pool:
+            futures = [
+                pool.submit(trajectory, evaluator, task_id, source, f"t{index}", steps)
+                for index in range(trajectories)
+            ]
+            records = [record for future in futures for record in future.result()]
+    finally:
+        wall = time.perf_counter() - started
+        busy = busy_cpu_seconds() - busy_before
+        cpu_by_kind = sampler.stop(busy)
     speedups = [r["speedup"] for r in records if r["speedup"]]
     exclusive = [exclusive_s(r) for r in records]
     return {

@@ -57,7 +57,9 @@ _KEPT_PREFIXES = ("NVIDIA_", "CUDA_", "NCCL_", "TORCH_SYMM_MEM_", "NVSHMEM_")
 # Candidate processes compute on the GPU, not with CPU thread pools. With a pool per core, the
 # pools of OpenMP (torch) and OpenBLAS (numpy) spun while Python imported them: on the H200
 # host's 16 cores, 5.3 CPU-seconds to import torch against 3.2 with one thread, and 3.1 against
-# 1.0 to import ptxgym (docs/benchmarks.md, tenth session), paid by every worker and tool run.
+# 1.0 to import ptxgym (docs/benchmarks.md, tenth session), paid by every process started with
+# this environment (tool runs, the report reader). A forked worker has its imports from the
+# forkserver, which imported them under the judge's environment.
 _ONE_CPU_THREAD = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
 

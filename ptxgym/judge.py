@@ -98,9 +98,10 @@ class JudgeSettings:
     # Keep each workload's inputs seeds, references and baseline across requests (and the
     # baseline on disk). False rebuilds them for every request: only to measure what reuse saves.
     reuse_state: bool = True
-    # GPU memory the kept references may hold; beyond it the least recently used are dropped
-    # (and rebuilt when needed again). An MHA backward d128 task holds 1.6 GB (4 stages x dQ,
-    # dK, dV in float32).
+    # Memory the kept workload states may hold: their references on the GPU and the tool runs'
+    # inputs in host memory, together; beyond it the least recently used are dropped (and
+    # rebuilt when needed again). An MHA backward d128 task's references take 1.6 GB (4 stages
+    # x dQ, dK, dV in float32); the GEMM's tool inputs 256 MB.
     state_budget_bytes: int = 16 << 30
     # Timed calls whose outputs are checked, chosen at random. The latency is a median, so a
     # kernel that is fast by skipping work must skip it in most timed calls: each check then

@@ -1,12 +1,12 @@
 """Memory safety: one call of the candidate under compute-sanitizer (memcheck, or racecheck).
 
 The judge runs this as its own operation after the correctness and timing stages, in a
-disposable process (``ptxgym.single_call``) started by compute-sanitizer. PyTorch's caching
-allocator is turned off there, so every tensor is an allocation of its own and a write past the
-end of an output lands outside any allocation, where memcheck sees it (inside a cached pool it
-would hit a neighbour and go unnoticed). The report keeps the error count and the first findings,
-demangled (compute-sanitizer's default) and trimmed: no host backtraces, file paths cut
-to the file name, a bounded number of lines.
+disposable process (``ptxgym.single_call``) started by compute-sanitizer. That process
+allocates every input and output with the CUDA driver, each an allocation of its own, so a
+write past the end of an output lands outside any allocation, where memcheck sees it (inside a
+caching allocator's pool it would hit a neighbour and go unnoticed). The report keeps the error
+count and the first findings, demangled (compute-sanitizer's default) and trimmed: no host
+backtraces, file paths cut to the file name, a bounded number of lines.
 
 A sanitizer that is missing, fails or times out gives a report that is not ``ok``: the memory
 safety of the candidate is then unknown, and the step goes on.
@@ -88,8 +88,7 @@ class PendingSanitizer:
                 "--target-processes",
                 "application-only",
                 *self.call.program,
-            ],
-            {"PYTORCH_NO_CUDA_MEMORY_CACHING": "1"},
+            ]
         )
 
     def finish(self, job: CallJob, timeout_s: float = DEFAULT_TIMEOUT_S) -> SanitizerReport:

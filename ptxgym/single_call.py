@@ -3,7 +3,7 @@
 The Nsight Compute profile and compute-sanitizer both need the candidate to run under a tool that
 starts the process itself, so neither can reuse the worker. This module is that process: it
 copies one input set, made by the caller with the task's trusted generator
-(``ptxgym.worker.host_inputs``), to the GPU, allocates poisoned outputs, and calls the candidate
+(``ptxgym.worker.host_bytes``), to the GPU, allocates poisoned outputs, and calls the candidate
 once between ``cuProfilerStart`` and ``cuProfilerStop`` (so a profiler started with
 ``--profile-from-start off`` sees only the candidate's own launches). It never sees references.
 It talks to CUDA through the driver API (``DriverContext``), not torch: importing torch was most
@@ -73,6 +73,7 @@ CALL_SECONDS_KEYS = (
     "call",
     "gpu",
 )
+_CU_STREAM_NON_BLOCKING = 1
 # The worker's poison for outputs (NaN; -0x7EADBEEF for integers) as the bit pattern a memset
 # writes: element bytes and pattern, per dtype.
 _POISON_PATTERNS = {
@@ -89,7 +90,7 @@ class CallJob:
     task: Task
     library: str
     workload: Mapping[str, Any]  # axes and sequences of one workload
-    # Each input's bytes, made with the task's trusted generator (ptxgym.worker.host_inputs).
+    # Each input's bytes, made with the task's trusted generator (ptxgym.worker.host_bytes).
     inputs: Mapping[str, NDArray[numpy.uint8]]
 
     def to_json(self, input_files: Mapping[str, str]) -> str:
@@ -163,8 +164,9 @@ class PendingCall:
         """Write the job and its input files into the folder, then give the word."""
         files = {}
         for index, (name, data) in enumerate(job.inputs.items()):
-            # In the run's own folder: another run's candidate cannot change them
-            # (ptxgym.landlock), and they go with the folder.
+            # In the run's own folder, whose writes other runs' candidates are denied where
+            # Landlock confines them (not from the CUDA driver's threads: docs/security.md);
+            # they go with the folder.
             path = self.folder / f"input-{index}.bin"
             path.write_bytes(data.data)
             files[name] = str(path)
@@ -317,7 +319,8 @@ class DriverContext:
     def stream(self) -> int:
         """A new stream (its handle, as the entry point takes it)."""
         stream = ctypes.c_void_p()
-        self._check("cuStreamCreate", ctypes.byref(stream), 0)
+        # Non-blocking, as the worker's torch streams are: no implicit sync with stream 0.
+        self._check("cuStreamCreate", ctypes.byref(stream), _CU_STREAM_NON_BLOCKING)
         return stream.value or 0
 
     def synchronize(self) -> None:

@@ -67,10 +67,13 @@ def host_bytes(tensors: Mapping[str, torch.Tensor]) -> dict[str, NDArray[numpy.u
     single-call program (``ptxgym.single_call``), which copies them to its GPU as they are."""
     import torch
 
-    return {
+    copies = {
         name: tensor.contiguous().view(-1).view(torch.uint8).cpu().numpy()
         for name, tensor in tensors.items()
     }
+    for array in copies.values():
+        array.setflags(write=False)  # shared by the evaluations that hand them to their runs
+    return copies
 
 
 def host_inputs(task: Task, workload: dict[str, Any], seed: int) -> dict[str, NDArray[numpy.uint8]]:

@@ -109,21 +109,18 @@ def test_missing_sanitizer_gives_unknown(monkeypatch: pytest.MonkeyPatch) -> Non
     assert report.clean is None and "not found" in report.reason
 
 
-def test_the_sanitizer_runs_the_single_call_program_without_the_caching_allocator(
+def test_the_sanitizer_runs_the_single_call_program(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     arguments = tmp_path / "arguments"
-    body = (
-        f'echo "$@ cache=$PYTORCH_NO_CUDA_MEMORY_CACHING" > {arguments}\n'
-        f"cat <<'END'\n{MEMCHECK_OUTPUT}END\nexit 86"
-    )
+    body = f"echo \"$@\" > {arguments}\ncat <<'END'\n{MEMCHECK_OUTPUT}END\nexit 86"
     monkeypatch.setenv("PTXGYM_COMPUTE_SANITIZER", str(_fake_sanitizer(tmp_path, body)))
     report = sanitize_candidate(GEMM, "/x.so", WORKLOAD, {}, device=0, tool="memcheck")
     assert report.ok and report.errors == 2 and report.clean is False
     assert len(report.findings) == 2
     recorded = arguments.read_text()
     assert "--tool memcheck --error-exitcode 86" in recorded
-    assert "-m ptxgym.single_call" in recorded and recorded.strip().endswith("cache=1")
+    assert "-m ptxgym.single_call" in recorded and recorded.strip().endswith("spec.json")
 
 
 def test_memory_errors_turn_any_verdict_into_memory_error() -> None:

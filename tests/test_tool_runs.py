@@ -23,8 +23,10 @@ import pytest
 
 from ptxgym.judge import Judge, JudgeSettings, _Stage, _WorkloadState
 from ptxgym.outcome import Status
+from ptxgym.single_call import _POISON_PATTERNS
 from ptxgym.tasks import get_task
 from ptxgym.tool_runs import ToolRuns
+from ptxgym.worker import _TORCH_DTYPES, poison
 
 GEMM = get_task("PTX-H100-GEMM")
 
@@ -225,3 +227,15 @@ def test_the_last_seconds_line_of_a_run_is_the_one_read() -> None:
     }
     assert call_seconds("no such line") == {}
     assert call_seconds(SECONDS_MARK + '{"gpu": "x"}') == {}  # malformed: nothing, no error
+
+
+@pytest.mark.parametrize("dtype", sorted(_TORCH_DTYPES))
+def test_a_tool_run_poisons_outputs_as_the_worker_does(dtype: str) -> None:
+    # The single-call program sets its outputs with memsets of bit patterns; the worker fills
+    # its tensors with NaN (or -0x7EADBEEF): the same bytes, for every output dtype.
+    import torch
+
+    size, pattern = _POISON_PATTERNS[dtype]
+    tensor = torch.zeros(3, dtype=getattr(torch, dtype))
+    poison({"out": tensor})
+    assert tensor.view(torch.uint8).numpy().tobytes() == pattern.to_bytes(size, "little") * 3
