@@ -310,6 +310,13 @@ def main() -> None:
         "(JudgeSettings.fork_workers=False)",
     )
     parser.add_argument(
+        "--spare-profile-runs",
+        type=int,
+        default=JudgeSettings.spare_profile_runs,
+        help="profile runs kept waiting (JudgeSettings.spare_profile_runs); the judge's "
+        "concurrency plus one waited before 84b461d",
+    )
+    parser.add_argument(
         "--level-evaluations",
         type=int,
         default=32,
@@ -324,6 +331,7 @@ def main() -> None:
         concurrency=args.judge_concurrency,
         lock_startups=not args.unlocked_startups,
         fork_workers=not args.spawn_workers,
+        spare_profile_runs=args.spare_profile_runs,
     )
     evaluator = LocalGPUEvaluator(settings=settings)
     results: dict[str, Any] = {
@@ -422,7 +430,8 @@ def report(results: dict[str, Any]) -> None:
         workers = "forked" if results["settings"]["fork_workers"] else "spawned"
         print(
             f"example {results['example']}; first step {first:.1f} s; CUDA start-ups {startups}; "
-            f"workers {workers}\n"
+            f"workers {workers}; profile runs waiting "
+            f"{results['settings']['spare_profile_runs']}\n"
         )
     if results.get("levels"):
         report_levels(results["levels"])
