@@ -222,7 +222,26 @@ def _run_job_output(spec_path: Path, folder: Path, output: Path) -> str:
     return output.read_text()
 
 
-def test_a_profile_run_loads_and_calls_the_candidate_in_its_turn(
+# A single-call program in a fresh Python, its GPU's part stood in for by this module's
+# _StandInContext and _ProbingEntry (which probes the lock file given): prints what they say,
+# then its exit code and whether torch was imported along the way.
+_STAND_IN_RUN = """
+import importlib.util, json, sys
+spec_path, this_file, lock_file = sys.argv[1:]
+found = importlib.util.spec_from_file_location("gpu_lock_tests", this_file)
+tests = importlib.util.module_from_spec(found)
+found.loader.exec_module(tests)
+from ptxgym import single_call, worker
+tests._LOCK_FILE[:] = [lock_file]
+single_call.DriverContext = tests._StandInContext
+single_call.profiled = lambda cuda, launch: launch()
+worker.Entry = tests._ProbingEntry
+code = single_call.run_job(spec_path)
+print(json.dumps({"code": code, "torch": "torch" in sys.modules}))
+"""
+
+
+def test_a_profile_run_loads_and_calls_the_candidate_in_its_turn_without_torch(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Two processes profiling at once: the driver refuses one (12 of 16 runs, eight at a time,
@@ -230,10 +249,14 @@ def test_a_profile_run_loads_and_calls_the_candidate_in_its_turn(
     # the others: docs/benchmarks.md, ninth session). A profile run takes the turn with its
     # writes confined (so the lock's file is made for it) and before the candidate's library
     # is loaded; a sanitizer run takes none. Here the GPU's part is stood in for: the library's
-    # loading and the call say whether the turn is held.
+    # loading and the call say whether the turn is held. The program talks to the CUDA driver
+    # itself: importing torch was most of a run's start-up CPU time on the H200 host, where
+    # the CPU bounds 16 trajectories.
+    import subprocess
+
     import numpy
 
-    from ptxgym import single_call, worker
+    from ptxgym.isolation import python_environment
     from ptxgym.single_call import CallJob, PendingCall, call_seconds
     from ptxgym.tasks import get_task
 
@@ -251,16 +274,20 @@ def test_a_profile_run_loads_and_calls_the_candidate_in_its_turn(
     inputs = {name: numpy.full(4, index, numpy.uint8) for index, name in enumerate("AB")}
     profile_run.hand_over(CallJob(task, "candidate.so", task.workloads[0].payload(), inputs))
 
-    monkeypatch.setattr(sys.modules[__name__], "_LOCK_FILE", [spec["profiler_lock"]])
-    monkeypatch.setattr(single_call, "DriverContext", _StandInContext)
-    monkeypatch.setattr(single_call, "profiled", lambda cuda, launch: launch())
-    monkeypatch.setattr(worker, "Entry", _ProbingEntry)
+    arguments = [str(profile_run.folder / "spec.json"), __file__, spec["profiler_lock"]]
     try:
-        text = _run_job_output(
-            profile_run.folder / "spec.json", profile_run.folder, tmp_path / "out"
+        result = subprocess.run(
+            [sys.executable, "-c", _STAND_IN_RUN, *arguments],
+            capture_output=True,
+            text=True,
+            env=python_environment(profile_run.folder),
+            cwd=profile_run.folder,
+            timeout=120,
         )
     finally:
         profile_run.close()
+    assert result.returncode == 0, result.stderr
+    text = result.stdout
     # The judge's input files reached the program, each to its own input.
     assert text.splitlines()[:4] == [
         "upload: 00000000",
@@ -269,6 +296,7 @@ def test_a_profile_run_loads_and_calls_the_candidate_in_its_turn(
         "call: held",
     ], text
     assert "profiler_wait" in call_seconds(text)
+    assert json.loads(text.splitlines()[-1]) == {"code": 0, "torch": False}
 
 
 class _StandInContext:

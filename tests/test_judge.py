@@ -3,8 +3,6 @@ cannot start, and how workers are started."""
 
 from __future__ import annotations
 
-import json
-import subprocess
 import sys
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -13,7 +11,6 @@ import pytest
 
 from ptxgym import judge as judge_module
 from ptxgym.baselines import baseline_key, cached_baseline, store_baseline
-from ptxgym.isolation import python_environment
 from ptxgym.judge import Judge, JudgeSettings, WorkerStartError, _Worker, worker_context
 from ptxgym.tasks import get_task
 from ptxgym.worker import WORKER_IMPORTS
@@ -155,59 +152,3 @@ def test_forked_workers_begin_with_their_imports_done(fork: bool) -> None:
     process.join(timeout=30)
     assert process.exitcode == 0
     assert ("torch" in imported) is fork
-
-
-# A tool run's program with the GPU's part stood in for: it runs the job and says whether torch
-# was imported along the way.
-_RUN_WITHOUT_GPU = """
-import json, sys
-from ptxgym import single_call, worker
-
-class Context:
-    def upload(self, data): return None
-    def poisoned(self, elements, dtype): return None
-    def stream(self): return 0
-    def synchronize(self): pass
-
-class Entry:
-    def __init__(self, library, task): pass
-    def __call__(self, *arguments): return 0
-
-single_call.DriverContext = Context
-single_call.profiled = lambda cuda, launch: launch()
-worker.Entry = Entry
-code = single_call.run_job(sys.argv[1])
-print(json.dumps({"code": code, "torch": "torch" in sys.modules}))
-"""
-
-
-def test_a_tool_run_runs_its_job_without_torch(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # A tool run's program (ptxgym.single_call) talks to the CUDA driver itself: importing
-    # torch was most of a run's start-up CPU time on the H200 host, where the CPU bounds 16
-    # trajectories.
-    import numpy
-
-    from ptxgym.gpu_lock import holding, lock_path
-    from ptxgym.single_call import CallJob, PendingCall
-
-    monkeypatch.setenv("PTXGYM_LOCK_DIR", str(tmp_path / "locks"))
-    with holding(lock_path(0), exclusive=False):
-        pass  # the GPU lock's files, as the judge's start leaves them
-    run = PendingCall(device=0, prefix="memcheck-")
-    inputs = {name: numpy.zeros(2, numpy.uint8) for name in GEMM.definition.inputs}
-    run.hand_over(CallJob(GEMM, "candidate.so", GEMM.workloads[0].payload(), inputs))
-    try:
-        result = subprocess.run(
-            [sys.executable, "-c", _RUN_WITHOUT_GPU, str(run.folder / "spec.json")],
-            capture_output=True,
-            text=True,
-            env=python_environment(run.folder),
-            cwd=run.folder,
-            timeout=120,
-        )
-    finally:
-        run.close()
-    assert result.returncode == 0, result.stderr
-    assert json.loads(result.stdout.splitlines()[-1]) == {"code": 0, "torch": False}
