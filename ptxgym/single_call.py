@@ -351,9 +351,8 @@ def call_seconds(output: str) -> dict[str, float]:
     alone) and ``gpu`` (holding it), made of ``profiler_wait`` (a profile run's wait for its
     turn to profile, ``ptxgym.gpu_lock.profiler_turn``), ``inputs`` (copying the inputs,
     poisoning the outputs), ``load`` (the candidate's library) and ``call`` (the call under the
-    tool: for the profile, its replays).
-    Empty when there is no such line (the run failed before its end). For the stage breakdown
-    only: nothing is judged on it."""
+    tool: for the profile, its replays). Empty when there is no such line (the run failed before
+    its end). For the stage breakdown only: nothing is judged on it."""
     for line in reversed(output.splitlines()):
         if line.startswith(SECONDS_MARK):
             try:

@@ -276,7 +276,7 @@ def locate_module(module_name: str) -> Path:
 def top_level_functions(path: Path) -> frozenset[str]:
     """The functions a Python source file defines at top level. Cached: the registry names a
     few modules ninety times, and parsing them again each time was most of the cost of
-    ``import ptxgym`` (which every worker and tool run pays)."""
+    ``import ptxgym`` (which every tool run, report reader and spawned worker pays)."""
     tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
     return frozenset(
         node.name for node in tree.body if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
