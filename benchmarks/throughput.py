@@ -47,6 +47,7 @@ STAGES = (
     "gpu_wait",
     "correctness",
     "timing",
+    "worker_gpu",
     "memcheck",
     "profile",
     "profile_read",
@@ -95,7 +96,7 @@ TOOL_CALL_STAGES = tuple(
 
 # The stages during which an evaluation holds the GPU alone (ptxgym.gpu_lock): one GPU can do
 # at most 3600 / (their sum) evaluations per hour, whatever the concurrency.
-EXCLUSIVE_STAGES = ("correctness", "timing", "memcheck_gpu", "racecheck_gpu", "profile_gpu")
+EXCLUSIVE_STAGES = ("worker_gpu", "memcheck_gpu", "racecheck_gpu", "profile_gpu")
 
 
 def exclusive_s(record: dict[str, Any]) -> float:

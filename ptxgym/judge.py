@@ -475,6 +475,7 @@ class Judge:
                 # Correctness and timing hold the GPU: nothing else of ours runs on it meanwhile.
                 with exclusive_gpu(self.device) as waited:
                     stages["gpu_wait"] = waited
+                    held_from = time.perf_counter()
                     try:
                         verdict = self._run(task, library, states, worker, stages)
                     finally:
@@ -483,6 +484,9 @@ class Judge:
                         log = worker.log_tail()
                         isolation = worker.isolation
                         worker.kill()
+                        # The whole hold: correctness, timing, what lies between and around
+                        # them, and the worker's end.
+                        stages["worker_gpu"] = time.perf_counter() - held_from
             finally:
                 # Started after the timing, not during it; its start-up overlaps other work.
                 self._start_spares()

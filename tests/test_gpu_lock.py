@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from ptxgym import gpu_lock
 from ptxgym.gpu_lock import exclusive_gpu, holding, lock_path, profiler_lock_path
 
 
@@ -131,6 +132,51 @@ def test_a_waiting_exclusive_holder_goes_before_later_shared_ones(
     for thread in (first, writer, late):
         thread.join(timeout=30)
     assert order == ["first shared", "exclusive", "late shared"]
+
+
+def _chain(exclusive: int, seconds: float) -> list[str]:
+    """``exclusive`` threads of this process, each holding the GPU alone for ``seconds``, lined
+    up in order; a shared holder arrives once the first of them holds it. The order they got
+    it in."""
+    order: list[str] = []
+
+    def hold(label: str, exclusive: bool) -> None:
+        with holding(lock_path(0), exclusive=exclusive):
+            order.append(label)
+            time.sleep(seconds if exclusive else 0.0)
+
+    threads = []
+    for index in range(exclusive):
+        threads.append(threading.Thread(target=hold, args=(f"e{index}", True)))
+        threads[-1].start()
+        time.sleep(0.02)
+        if index == 0:
+            threads.append(threading.Thread(target=hold, args=("shared", False)))
+            threads[-1].start()
+            time.sleep(0.02)
+    for thread in threads:
+        thread.join(timeout=60)
+    return order
+
+
+def test_exclusive_holders_of_one_process_pass_the_gpu_on_before_waiting_start_ups(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Released between them, the lock let every waiting start-up in after each holder.
+    monkeypatch.setenv("PTXGYM_LOCK_DIR", str(tmp_path / "locks"))
+    order = _chain(4, 0.1)
+    assert order == ["e0", "e1", "e2", "e3", "shared"]
+
+
+def test_a_chain_of_exclusive_holders_lets_waiting_start_ups_in_when_it_grows_old(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PTXGYM_LOCK_DIR", str(tmp_path / "locks"))
+    monkeypatch.setattr(gpu_lock, "EXCLUSIVE_CHAIN_S", 0.25)
+    order = _chain(10, 0.1)
+    # In after the chain's first holders (the chain was young), not after all ten.
+    assert 1 <= order.index("shared") < 10
+    assert sorted(order) == sorted([*(f"e{i}" for i in range(10)), "shared"])
 
 
 # A stand-in for ``make_context`` in a start-up: writes to its standard output whether the lock
