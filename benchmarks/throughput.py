@@ -318,6 +318,13 @@ def main() -> None:
         "concurrency plus one waited before 84b461d",
     )
     parser.add_argument(
+        "--exclusive-chain-s",
+        type=float,
+        default=JudgeSettings.exclusive_chain_s,
+        help="how long the judge's exclusive holders hand the GPU on unreleased "
+        "(JudgeSettings.exclusive_chain_s; 0: released after every hold, as before cb4f168)",
+    )
+    parser.add_argument(
         "--level-evaluations",
         type=int,
         default=32,
@@ -333,6 +340,7 @@ def main() -> None:
         lock_startups=not args.unlocked_startups,
         fork_workers=not args.spawn_workers,
         spare_profile_runs=args.spare_profile_runs,
+        exclusive_chain_s=args.exclusive_chain_s,
     )
     evaluator = LocalGPUEvaluator(settings=settings)
     results: dict[str, Any] = {
@@ -432,7 +440,8 @@ def report(results: dict[str, Any]) -> None:
         print(
             f"example {results['example']}; first step {first:.1f} s; CUDA start-ups {startups}; "
             f"workers {workers}; profile runs waiting "
-            f"{results['settings']['spare_profile_runs']}\n"
+            f"{results['settings']['spare_profile_runs']}; exclusive chain "
+            f"{results['settings']['exclusive_chain_s']:g} s\n"
         )
     if results.get("levels"):
         report_levels(results["levels"])

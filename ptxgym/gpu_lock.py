@@ -20,10 +20,10 @@ holds it (a killed holder never leaves it locked). The main file is held exclusi
 the turnstile beside it is held by an exclusive holder from its arrival to its end and crossed
 briefly by shared ones, which is what makes waiting exclusive holders come first. Exclusive
 waiters inside one process are served first come, first served, and pass the lock from one to
-the next without letting go of it, for up to ``EXCLUSIVE_CHAIN_S`` (``_ExclusiveQueue``). A
-process holding the GPU
-exclusively must not ask for it shared (a second ``flock`` of the same file would wait for the
-first): what it does under the exclusive hold is covered by it.
+the next without letting go of it, for up to ``EXCLUSIVE_CHAIN_S`` by default
+(``_ExclusiveQueue``). A process holding the GPU exclusively must not ask for it shared (a
+second ``flock`` of the same file would wait for the first): what it does under the exclusive
+hold is covered by it.
 
 Beside it, one more lock for the whole machine: Nsight Compute's turn (``profiler_turn``). Two
 processes profiling at once make the driver refuse one ("Profiling failed because a driver
@@ -64,7 +64,8 @@ EXCLUSIVE_CHAIN_S = 5.0
 
 class _ExclusiveQueue:
     """This process's exclusive holders of one lock file: first come, first served, the file's
-    locks passed on still held while the chain is younger than ``EXCLUSIVE_CHAIN_S``."""
+    locks passed on still held while the chain is younger than the limit its first holder set
+    (``chain_s``)."""
 
     def __init__(self, path: Path) -> None:
         self._path = path
@@ -75,8 +76,9 @@ class _ExclusiveQueue:
         # descriptors while their locks are held, and since when.
         self._descriptors: tuple[int, int] | None = None
         self._chain_started = 0.0
+        self._chain_s = EXCLUSIVE_CHAIN_S
 
-    def acquire(self) -> None:
+    def acquire(self, chain_s: float) -> None:
         turn = None
         with self._mutex:
             if self._held or self._queue:
@@ -100,10 +102,11 @@ class _ExclusiveQueue:
             raise
         self._descriptors = (turnstile, main)
         self._chain_started = time.monotonic()
+        self._chain_s = chain_s
 
     def release(self) -> None:
         with self._mutex:
-            chain_over = time.monotonic() - self._chain_started >= EXCLUSIVE_CHAIN_S
+            chain_over = time.monotonic() - self._chain_started >= self._chain_s
             if self._descriptors is not None and (chain_over or not self._queue):
                 turnstile, main = self._descriptors
                 self._descriptors = None
@@ -125,9 +128,12 @@ def lock_path(device: int) -> Path:
     return paths.lock_dir() / f"gpu-{name}.lock"
 
 
-def exclusive_gpu(device: int) -> contextlib.AbstractContextManager[float]:
-    """Hold GPU ``device`` alone for this block; yields the seconds spent waiting for it."""
-    return holding(lock_path(device), exclusive=True)
+def exclusive_gpu(
+    device: int, chain_s: float = EXCLUSIVE_CHAIN_S
+) -> contextlib.AbstractContextManager[float]:
+    """Hold GPU ``device`` alone for this block; yields the seconds spent waiting for it.
+    ``chain_s``: how long a chain this holder starts may hand the lock on unreleased."""
+    return holding(lock_path(device), exclusive=True, chain_s=chain_s)
 
 
 def shared_gpu(device: int) -> contextlib.AbstractContextManager[float]:
@@ -158,7 +164,9 @@ def profiler_turn(path: Path) -> Iterator[float]:
 
 
 @contextmanager
-def holding(path: Path, exclusive: bool = True) -> Iterator[float]:
+def holding(
+    path: Path, exclusive: bool = True, chain_s: float = EXCLUSIVE_CHAIN_S
+) -> Iterator[float]:
     """Hold the GPU whose lock file is ``path``, alone or shared (a child process is given the
     path, since its scrubbed environment cannot locate ptxgym's folders)."""
     started = time.perf_counter()
@@ -170,7 +178,7 @@ def holding(path: Path, exclusive: bool = True) -> Iterator[float]:
         return
     with _queues_mutex:
         queue = _queues.setdefault(str(path), _ExclusiveQueue(path))
-    queue.acquire()
+    queue.acquire(chain_s)
     try:
         yield time.perf_counter() - started
     finally:

@@ -29,7 +29,7 @@ from typing import Any
 from ptxgym import channel
 from ptxgym.baselines import baseline_key, cached_baseline, store_baseline
 from ptxgym.correctness import CheckReport, check_outputs
-from ptxgym.gpu_lock import exclusive_gpu, lock_path, shared_gpu
+from ptxgym.gpu_lock import EXCLUSIVE_CHAIN_S, exclusive_gpu, lock_path, shared_gpu
 from ptxgym.gpus import make_context, visible_gpus
 from ptxgym.outcome import Status
 from ptxgym.profile import DEFAULT_TIMEOUT_S as DEFAULT_PROFILE_TIMEOUT_S
@@ -95,6 +95,10 @@ class JudgeSettings:
     # flight waited: docs/benchmarks.md, tenth session). A profile wanted when none waits
     # starts one (seconds).
     spare_profile_runs: int = 2
+    # How long the judge's exclusive holders may hand the GPU on to each other without
+    # releasing its lock (ptxgym.gpu_lock.EXCLUSIVE_CHAIN_S): longer keeps start-ups, tool
+    # runs' calls and other judges waiting longer; 0 releases it after every hold.
+    exclusive_chain_s: float = EXCLUSIVE_CHAIN_S
     # Keep each workload's inputs seeds, references and baseline across requests (and the
     # baseline on disk). False rebuilds them for every request: only to measure what reuse saves.
     reuse_state: bool = True
@@ -369,7 +373,7 @@ class Judge:
     def workload_state(self, task: Task, workload: WorkloadSpec) -> _WorkloadState:
         """The state of (task, workload): built once, by one thread, while others wait for it."""
         if not self.settings.reuse_state:
-            with exclusive_gpu(self.device):
+            with exclusive_gpu(self.device, self.settings.exclusive_chain_s):
                 return self._build_state(task, workload)
         key = (task.model_dump_json(), workload.name)
         with self._mutex:
@@ -380,7 +384,7 @@ class Judge:
                 if state is not None:
                     self.states.move_to_end(key)
                     return state
-            with exclusive_gpu(self.device):
+            with exclusive_gpu(self.device, self.settings.exclusive_chain_s):
                 state = self._build_state(task, workload)
             with self._mutex:
                 self.states[key] = state
@@ -473,7 +477,7 @@ class Judge:
             stages["worker_start"] = time.perf_counter() - mark
             try:
                 # Correctness and timing hold the GPU: nothing else of ours runs on it meanwhile.
-                with exclusive_gpu(self.device) as waited:
+                with exclusive_gpu(self.device, self.settings.exclusive_chain_s) as waited:
                     stages["gpu_wait"] = waited
                     held_from = time.perf_counter()
                     try:

@@ -134,14 +134,16 @@ def test_a_waiting_exclusive_holder_goes_before_later_shared_ones(
     assert order == ["first shared", "exclusive", "late shared"]
 
 
-def _chain(exclusive: int, seconds: float) -> list[str]:
+def _chain(
+    exclusive: int, seconds: float, chain_s: float = gpu_lock.EXCLUSIVE_CHAIN_S
+) -> list[str]:
     """``exclusive`` threads of this process, each holding the GPU alone for ``seconds``, lined
     up in order; a shared holder arrives once the first of them holds it. The order they got
     it in."""
     order: list[str] = []
 
     def hold(label: str, exclusive: bool) -> None:
-        with holding(lock_path(0), exclusive=exclusive):
+        with holding(lock_path(0), exclusive=exclusive, chain_s=chain_s):
             order.append(label)
             time.sleep(seconds if exclusive else 0.0)
 
@@ -172,8 +174,7 @@ def test_a_chain_of_exclusive_holders_lets_waiting_start_ups_in_when_it_grows_ol
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("PTXGYM_LOCK_DIR", str(tmp_path / "locks"))
-    monkeypatch.setattr(gpu_lock, "EXCLUSIVE_CHAIN_S", 0.25)
-    order = _chain(10, 0.1)
+    order = _chain(10, 0.1, chain_s=0.25)
     # In after the chain's first holders (the chain was young), not after all ten.
     assert 1 <= order.index("shared") < 10
     assert sorted(order) == sorted([*(f"e{i}" for i in range(10)), "shared"])
