@@ -11,6 +11,7 @@ started, serves the next candidate.
 from __future__ import annotations
 
 import collections
+import contextlib
 import math
 import multiprocessing
 import os
@@ -367,13 +368,18 @@ class Judge:
                 ) from exc
         return worker
 
+    def _gpu_alone(self) -> contextlib.AbstractContextManager[float]:
+        """This judge's GPU held alone (``ptxgym.gpu_lock.exclusive_gpu``), handed on to its
+        next exclusive holder for up to ``settings.exclusive_chain_s``; yields the wait."""
+        return exclusive_gpu(self.device, self.settings.exclusive_chain_s)
+
     # ----------------------------------------------------------------------------------------
     # Workload state: seeds, references, baselines; built once per (task, workload).
 
     def workload_state(self, task: Task, workload: WorkloadSpec) -> _WorkloadState:
         """The state of (task, workload): built once, by one thread, while others wait for it."""
         if not self.settings.reuse_state:
-            with exclusive_gpu(self.device, self.settings.exclusive_chain_s):
+            with self._gpu_alone():
                 return self._build_state(task, workload)
         key = (task.model_dump_json(), workload.name)
         with self._mutex:
@@ -384,7 +390,7 @@ class Judge:
                 if state is not None:
                     self.states.move_to_end(key)
                     return state
-            with exclusive_gpu(self.device, self.settings.exclusive_chain_s):
+            with self._gpu_alone():
                 state = self._build_state(task, workload)
             with self._mutex:
                 self.states[key] = state
@@ -477,7 +483,7 @@ class Judge:
             stages["worker_start"] = time.perf_counter() - mark
             try:
                 # Correctness and timing hold the GPU: nothing else of ours runs on it meanwhile.
-                with exclusive_gpu(self.device, self.settings.exclusive_chain_s) as waited:
+                with self._gpu_alone() as waited:
                     stages["gpu_wait"] = waited
                     held_from = time.perf_counter()
                     try:
