@@ -6,8 +6,9 @@ trajectory and step), so every step really compiles, as in RL training. Measured
 
 - evaluations per hour at each concurrency (trajectories stepping at once, one env each, all
   sharing one GPU evaluator; ``--level-evaluations`` evaluations per level), with p50 step
-  latency, the p50 of each stage, the GPU held alone (per evaluation, and as a share of the
-  level's wall time: the bound concurrency cannot raise), and the machine's busy CPU cores;
+  latency, the p50 of each stage, the GPU held alone (per evaluation: its median, and the mean
+  of each stage that holds it; and as a share of the level's wall time: the bound concurrency
+  cannot raise), and the machine's busy CPU cores;
 - whether the measured speedups move with concurrency (they must not: timings take turns);
 - workload reuse, for each task of ``--reuse`` with a kernel that solves it: the same sequential
   steps with the judge rebuilding each workload's inputs, references and baseline for every
@@ -15,7 +16,8 @@ trajectory and step), so every step really compiles, as in RL training. Measured
 - GPU efficiency: the time the protocol's own kernel runs need (candidate latency × its calls)
   over the GPU wall time per evaluation at the highest concurrency.
 
-Prints markdown for docs/benchmarks.md and writes OUT/throughput.json.
+Prints markdown for docs/benchmarks.md and writes OUT/throughput.json; each step's end goes to
+stderr as it happens, so a run cut short still shows how far it got.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import json
 import math
 import os
 import statistics
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -82,6 +85,13 @@ def trajectory(
                 "profile_reason": (outcome["profile"] or {}).get("reason", ""),
                 "stages": outcome["stage_seconds"],
             }
+        )
+        # As each step ends, so that a run cut short still shows how far it got and how.
+        print(
+            f"{label} step {step}: {info['status']} in {records[-1]['step_s']:.1f} s, "
+            f"GPU alone {exclusive_s(records[-1]):.2f} s",
+            file=sys.stderr,
+            flush=True,
         )
     env.close()
     return records
@@ -242,6 +252,13 @@ def run_level(
         # The GPU held alone, per evaluation and as a share of the level's wall time: at 100 %
         # the level is at the bound that concurrency cannot raise.
         "p50_exclusive_s": statistics.median(exclusive),
+        # The mean of each stage that holds the GPU alone: their sum times the evaluations is
+        # the level's time held alone, which a tail (a stage that waits while holding it) can
+        # raise well above the median.
+        "mean_exclusive_stage_s": {
+            stage: statistics.fmean(r["stages"].get(stage, 0.0) for r in records)
+            for stage in EXCLUSIVE_STAGES
+        },
         "exclusive_share": sum(exclusive) / wall,
         # The machine's busy cores over the level, beside the cores this process may use: near
         # all of them, the stages that hold the GPU alone also wait for a CPU.
@@ -295,7 +312,9 @@ def main() -> None:
             # Five workloads, each with references and a baseline of its own to build.
             "PTX-H100-GQADecode=examples/naive/gqa_decode.cu",
         ],
-        help="the tasks whose workload reuse is measured, each with a kernel that solves it",
+        help="the tasks whose workload reuse is measured, each with a kernel that solves it "
+        "(default: the expert GEMM and MHA forward and the naive GQA decode, minutes in all; "
+        "--reuse alone: none)",
     )
     parser.add_argument("--judge-concurrency", type=int, default=8)
     parser.add_argument(
