@@ -260,6 +260,9 @@ def run_level(
             for stage in EXCLUSIVE_STAGES
         },
         "exclusive_share": sum(exclusive) / wall,
+        # What the level could do at most, the GPU held alone all the time at its mean hold
+        # per evaluation: concurrency cannot go past it, only the hold's length can.
+        "ceiling_per_hour": 3600 / statistics.fmean(exclusive),
         # The machine's busy cores over the level, beside the cores this process may use: near
         # all of them, the stages that hold the GPU alone also wait for a CPU.
         "busy_cores": busy / wall,
@@ -519,6 +522,14 @@ def report_levels(levels: list[dict[str, Any]]) -> None:
             f"| {level['exclusive_share']:.0%} "
             f"| {level['busy_cores']:.1f} of {level['cores']} |"
         )
+    print(
+        "\nCeiling (the GPU held alone all the time, at the level's mean hold per evaluation): "
+        + ", ".join(
+            f"{level['ceiling_per_hour']:.0f}/h at {level['trajectories']} "
+            f"({level['ceiling_per_hour'] / base['per_hour']:.2f}x)"
+            for level in levels
+        )
+    )
     for level in levels:
         for reason, count in level["unknown_profiles"].items():
             print(f"\nAt {level['trajectories']}: {count} profile(s) unknown: {reason}")
