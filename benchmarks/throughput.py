@@ -262,7 +262,10 @@ def run_level(
         "exclusive_share": sum(exclusive) / wall,
         # What the level could do at most, the GPU held alone all the time at its mean hold
         # per evaluation: concurrency cannot go past it, only the hold's length can.
-        "ceiling_per_hour": 3600 / statistics.fmean(exclusive),
+        # None when no evaluation held it (every step failed before the GPU).
+        "ceiling_per_hour": (
+            3600 / statistics.fmean(exclusive) if statistics.fmean(exclusive) > 0 else None
+        ),
         # The machine's busy cores over the level, beside the cores this process may use: near
         # all of them, the stages that hold the GPU alone also wait for a CPU.
         "busy_cores": busy / wall,
@@ -528,6 +531,7 @@ def report_levels(levels: list[dict[str, Any]]) -> None:
             f"{level['ceiling_per_hour']:.0f}/h at {level['trajectories']} "
             f"({level['ceiling_per_hour'] / base['per_hour']:.2f}x)"
             for level in levels
+            if level["ceiling_per_hour"] is not None
         )
     )
     for level in levels:
