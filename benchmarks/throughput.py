@@ -244,6 +244,7 @@ def run_level(
         cpu_by_kind = sampler.stop(busy)
     speedups = [r["speedup"] for r in records if r["speedup"]]
     exclusive = [exclusive_s(r) for r in records]
+    mean_exclusive = statistics.fmean(exclusive)
     return {
         "trajectories": trajectories,
         "evaluations": len(records),
@@ -263,9 +264,7 @@ def run_level(
         # What the level could do at most, the GPU held alone all the time at its mean hold
         # per evaluation: concurrency cannot go past it, only the hold's length can.
         # None when no evaluation held it (every step failed before the GPU).
-        "ceiling_per_hour": (
-            3600 / statistics.fmean(exclusive) if statistics.fmean(exclusive) > 0 else None
-        ),
+        "ceiling_per_hour": 3600 / mean_exclusive if mean_exclusive > 0 else None,
         # The machine's busy cores over the level, beside the cores this process may use: near
         # all of them, the stages that hold the GPU alone also wait for a CPU.
         "busy_cores": busy / wall,
