@@ -3,14 +3,18 @@
 The judge (trusted) talks to workers that run candidate code (untrusted). Unpickling bytes from
 an untrusted process would let it run code in the judge, so messages are JSON headers followed by
 raw tensor frames, each size-checked, and tensors are rebuilt from bytes with their declared
-dtype and shape.
+dtype and shape. A receiver may give a message a deadline: it then never waits longer for the
+message to arrive whole, however its sender stalls (after a frame's length, say).
 
 Large outputs go through an ``Arena`` instead of the pipe: a shared-memory region the judge
 creates for one evaluation and hands to the worker as a file descriptor. The worker copies a
 message's tensors into it and names their offsets in the header; the judge checks that every
-tensor lies inside the region and reads it there. Both sides take turns (the worker writes the
-next message only after the judge's ``continue``), and the region holds nothing but the worker's
-own outputs, so no name or path from the worker is ever opened.
+tensor lies inside the region, that no two overlap and no name comes twice, and reads them
+there. Both sides take turns (the worker writes into the region again only after the judge
+answered the message that used it), and the region holds nothing but the worker's own outputs,
+so no name or path from the worker is ever opened. Once the judge has copied a message's
+tensors out, it zeroes what it read (``Arena.wipe``) before it answers: a later message that
+names the same offsets without writing them finds zeros, not outputs it could pass off as new.
 """
 
 from __future__ import annotations
@@ -19,6 +23,9 @@ import contextlib
 import json
 import mmap
 import os
+import select
+import struct
+import time
 from multiprocessing.connection import Connection
 from multiprocessing.reduction import recv_handle, send_handle
 from typing import TYPE_CHECKING, Any
@@ -38,6 +45,10 @@ class ChannelError(RuntimeError):
     """The other side sent something that is not a well-formed message."""
 
 
+class ChannelTimeout(ChannelError):
+    """A message did not arrive whole before its deadline."""
+
+
 class Arena:
     """A shared-memory region for the tensors of one message at a time."""
 
@@ -45,6 +56,8 @@ class Arena:
         self.descriptor = descriptor
         self.size = size
         self.buffer = mmap.mmap(descriptor, size) if size else None
+        # (offset, bytes) of each tensor ``receive`` read here since the last ``wipe``.
+        self.read_extents: list[tuple[int, int]] = []
 
     @classmethod
     def create(cls, size: int) -> Arena:
@@ -61,6 +74,18 @@ class Arena:
     def attach(cls, conn: Connection, size: int) -> Arena:
         """The region handed over on ``conn`` (see ``share``)."""
         return cls(recv_handle(conn), size)
+
+    def wipe(self) -> None:
+        """Zero every extent read since the last wipe: call it once the tensors read there
+        were copied out (they are views of the region), before answering their sender."""
+        import torch
+
+        if self.buffer is not None:
+            for offset, nbytes in self.read_extents:
+                torch.frombuffer(
+                    self.buffer, dtype=torch.uint8, count=nbytes, offset=offset
+                ).zero_()
+        self.read_extents.clear()
 
     def close(self) -> None:
         """Close the descriptor and unmap; a mapping still viewed by tensors is unmapped when
@@ -117,39 +142,53 @@ def send(
 
 
 def receive(
-    conn: Connection, arena: Arena | None = None
+    conn: Connection, arena: Arena | None = None, timeout_s: float | None = None
 ) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
-    """Receive one message; tensors come back on the CPU. Tensors placed in ``arena`` are views
-    of it, valid until the sender writes its next message: copy them before answering."""
+    """Receive one message; tensors come back on the CPU. With ``arena``, every tensor must lie
+    in it, and comes back as a view of it, valid until the sender writes its next message: copy
+    them, then ``arena.wipe()``, before answering. With ``timeout_s``, the whole message must
+    arrive within that many seconds (else ChannelTimeout). EOFError when the other end closed
+    the channel."""
     import torch
 
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
     try:
-        header = json.loads(conn.recv_bytes(MAX_HEADER_BYTES))
-    except (OSError, ValueError) as exc:
+        header = json.loads(_frame(conn, MAX_HEADER_BYTES, deadline))
+    except ValueError as exc:
         raise ChannelError(f"malformed message header: {exc}") from None
     if not isinstance(header, dict) or not isinstance(header.get("tensors", []), list):
         raise ChannelError("message header is not an object with a tensor list")
     tensors = {}
+    taken: list[tuple[int, int]] = []  # the extents of this message's tensors in the arena
     for item in header.pop("tensors", []):
         try:
-            name, dtype, shape = (
-                str(item["name"]),
-                str(item["dtype"]),
-                [int(s) for s in item["shape"]],
-            )
-        except (KeyError, TypeError, ValueError):
+            name, dtype, shape = str(item["name"]), str(item["dtype"]), item["shape"]
+        except (KeyError, TypeError):
             raise ChannelError("malformed tensor description") from None
-        if dtype not in _DTYPES or any(s < 0 for s in shape):
-            raise ChannelError(f"tensor {name!r}: unsupported dtype {dtype!r} or shape {shape}")
+        # Whole numbers only, each no larger than a frame may be (torch refuses larger ones
+        # with errors of its own).
+        if (
+            dtype not in _DTYPES
+            or not isinstance(shape, list)
+            or not all(type(size) is int and 0 <= size <= MAX_FRAME_BYTES for size in shape)
+        ):
+            raise ChannelError(
+                f"tensor {name[:80]!r}: unsupported dtype {dtype[:40]!r} or shape {str(shape)[:80]}"
+            )
+        if name in tensors:
+            raise ChannelError(f"tensor {name!r} is described twice")
         torch_dtype = getattr(torch, dtype)
         count = 1
         for size in shape:
             count *= size
         expected = count * torch.empty((), dtype=torch_dtype).element_size()
         if "offset" in item:
-            flat = _from_arena(arena, name, item["offset"], expected)
+            flat = _from_arena(arena, name, item["offset"], expected, taken)
+        elif arena is not None:
+            # A frame the sender might never send: with an arena, there are none.
+            raise ChannelError(f"tensor {name[:80]!r} is not in the arena")
         else:
-            frame = conn.recv_bytes(MAX_FRAME_BYTES)
+            frame = _frame(conn, MAX_FRAME_BYTES, deadline)
             if len(frame) != expected:
                 raise ChannelError(f"tensor {name!r}: {len(frame)} bytes, expected {expected}")
             flat = (
@@ -161,16 +200,51 @@ def receive(
     return header, tensors
 
 
-def _from_arena(arena: Arena | None, name: str, offset: Any, nbytes: int) -> torch.Tensor:
-    """The ``nbytes`` at ``offset`` of the arena, once the description is checked."""
+def _frame(conn: Connection, limit: int, deadline: float | None) -> bytes:
+    """One frame as ``Connection.send_bytes`` writes it (its length, 4 bytes, big-endian; or -1
+    and then 8 bytes), at most ``limit`` bytes, read whole before ``deadline``."""
+    (size,) = struct.unpack("!i", _read(conn, 4, deadline))
+    if size == -1:
+        (size,) = struct.unpack("!Q", _read(conn, 8, deadline))
+    if not 0 <= size <= limit:
+        raise ChannelError(f"a frame of {size} bytes (at most {limit})")
+    return _read(conn, size, deadline)
+
+
+def _read(conn: Connection, size: int, deadline: float | None) -> bytes:
+    """``size`` bytes from ``conn``; EOFError if the other end closed the channel first (its
+    process ended, within a message or not), ChannelTimeout if ``deadline``
+    (``time.monotonic``) passes first."""
+    data = bytearray()
+    while len(data) < size:
+        if deadline is not None:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or not select.select([conn.fileno()], [], [], remaining)[0]:
+                raise ChannelTimeout("no whole message before the deadline")
+        chunk = os.read(conn.fileno(), min(size - len(data), 1 << 24))
+        if not chunk:
+            raise EOFError
+        data += chunk
+    return bytes(data)
+
+
+def _from_arena(
+    arena: Arena | None, name: str, offset: Any, nbytes: int, taken: list[tuple[int, int]]
+) -> torch.Tensor:
+    """The ``nbytes`` at ``offset`` of the arena, once the description is checked against the
+    arena and against ``taken``, the extents of the message's tensors before it (extended)."""
     import torch
 
     if arena is None or arena.buffer is None:
         raise ChannelError(f"tensor {name!r} names an arena offset, but there is no arena")
-    if not isinstance(offset, int) or offset < 0 or offset % _ALIGNMENT:
+    if type(offset) is not int or offset < 0 or offset % _ALIGNMENT:
         raise ChannelError(f"tensor {name!r}: bad arena offset {offset!r}")
     if offset + nbytes > arena.size:
         raise ChannelError(f"tensor {name!r}: {nbytes} bytes at {offset} pass the arena's end")
     if not nbytes:
         return torch.empty(0, dtype=torch.uint8)
+    if any(start < offset + nbytes and offset < start + size for start, size in taken):
+        raise ChannelError(f"tensor {name!r} overlaps another tensor of the message")
+    taken.append((offset, nbytes))
+    arena.read_extents.append((offset, nbytes))
     return torch.frombuffer(arena.buffer, dtype=torch.uint8, count=nbytes, offset=offset)

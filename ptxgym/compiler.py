@@ -5,23 +5,33 @@ knowledge pack's wrapper header, and compiled through a small ``build.cu`` of ou
 it and asserts the entry point's exact C signature. Nothing else is on the include path, and the
 static policy (``ptxgym.policy``) has already refused includes by path; before the real build the
 host-side preprocessed source is also scanned for assembler ``.incbin``/``.include``, which macros
-could otherwise assemble. The compiler log is trimmed to what helps the next attempt and never
-echoes a line of a file outside the submission. A successful build also carries the static
-inventory of its SASS (``ptxgym.sass``).
+could otherwise assemble. The compiler log is rebuilt from the diagnostics located in the
+submission, each with its line quoted from our own copy of the source; the compiler's echoed
+lines and notes, which can quote any file a ``#line`` directive names, never pass. A successful
+build also carries the static inventory of its SASS (``ptxgym.sass``).
 
-Results (success or failure) are cached under ``<cache>/builds/<hash>``: a build folder is
-created under ``<cache>/tmp`` and renamed into place, so concurrent compiles of the same source
-are safe (the first rename wins, the others reuse it).
+A build holds one of the machine's build slots (``ptxgym.build_budget``) while it runs, so that
+builds in every process together stay within the machine's memory budget; the wait counts
+against its deadline. What it may produce is capped: any file it writes at
+``_FILE_SIZE_LIMIT_BYTES``, its object and library at ``MAX_LIBRARY_BYTES``.
+
+Results are cached under ``<cache>/builds/<hash>``: a build folder is created under
+``<cache>/tmp`` and renamed into place, so concurrent compiles of the same source are safe (the
+first rename wins, the others reuse it). A successful build keeps its library and source; a
+failed one keeps only its result record; a failure that came from the machine rather than the
+source (a deadline, a killed compiler, a missing tool: ``CompileResult.transient``) is not
+cached at all. The cache is bounded in entries and in bytes (``_prune``).
 """
 
 from __future__ import annotations
 
-import codecs
+import contextlib
 import hashlib
 import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -29,7 +39,8 @@ from dataclasses import asdict, dataclass, field, replace
 from functools import cache
 from pathlib import Path
 
-from ptxgym import paths
+from ptxgym import build_budget, build_sandbox, paths
+from ptxgym.cpp_tokens import Lexer, string_runs
 from ptxgym.policy import ASSEMBLER_ESCAPE_RE, included_headers, pack_header_name
 from ptxgym.processes import run_group
 from ptxgym.sass import SassInventory, demangle, inventory
@@ -37,14 +48,30 @@ from ptxgym.tasks import Task, c_parameter_types
 
 DEFAULT_TIMEOUT_S = 180.0
 MAX_CACHED_BUILDS = 4000
-_RECIPE_VERSION = "5"  # bump when the build recipe changes, to invalidate cached results
-_MEMORY_LIMIT_BYTES = 8 << 30  # per compiler process: stops template/constexpr bombs
-_FILE_SIZE_LIMIT_BYTES = 512 << 20
+MAX_CACHED_BYTES = 8 << 30
+# Bump when the build recipe or the result record changes, to invalidate cached results (6: the
+# log rebuilt from the submission's own diagnostics; logs cached before could quote host files).
+_RECIPE_VERSION = "6"
+# Per compiler process: stops template/constexpr bombs. It is also what one build may commit, in
+# the machine's build memory budget (ptxgym.build_budget).
+_MEMORY_LIMIT_BYTES = 8 << 30
+# The largest object or library a build may keep. The examples' libraries are 1.0-1.3 MB, 1 MB of
+# which is the static CUDA runtime, and an FA3-class kernel is a few MB; a large initialised
+# array (host or device) is what goes past it, and belongs in memory filled at run time.
+MAX_LIBRARY_BYTES = 32 << 20
+# Every file a compiler process writes: the intermediates of a library at the cap are larger
+# than it (the uncompressed cubin, the PTX text, the fatbinary written out as C source at
+# about 2.7 bytes a byte), so a few times the cap, and no more.
+_FILE_SIZE_LIMIT_BYTES = 4 * MAX_LIBRARY_BYTES
 # Builds fan out over every core, while a worker or a tool run may hold the GPU alone (a timing,
 # a profiled call) and needs the CPU to finish and let the next one have it: compilers yield.
 COMPILER_NICENESS = 10
 _MAX_LOG_CHARS = 6000
 _MAX_DIAGNOSTICS = 12
+# One diagnostic's message (a message can hold a whole demangled template type or a macro's
+# text) and one quoted source line.
+_MAX_MESSAGE_CHARS = 400
+_MAX_QUOTE_CHARS = 200
 
 CANDIDATE_FILE = "candidate.cu"
 OBJECT_FILE = "candidate.o"
@@ -82,6 +109,9 @@ class CompileResult:
     seconds: float
     cached: bool = False
     timed_out: bool = False
+    # The failure came from the machine, not the source (the deadline passed, a compiler was
+    # killed or crashed, a tool is missing): it is not cached, and a retry may build.
+    transient: bool = False
     warnings: tuple[str, ...] = ()
     kernels: tuple[KernelResources, ...] = ()
     library: str | None = None
@@ -228,7 +258,8 @@ def compile_source(
 ) -> CompileResult:
     """Build ``source`` for ``task``'s target, or return the cached result of an identical build.
 
-    The source must already have passed :func:`ptxgym.policy.check_policy`.
+    The source must already have passed :func:`ptxgym.policy.check_policy`. A build first waits
+    for one of the machine's build slots (``ptxgym.build_budget``), within ``timeout_s``.
     """
     root = cache_root or paths.cache_dir()
     # Made once: the hash covers them, and the build writes them.
@@ -237,23 +268,61 @@ def compile_source(
     final = root / "builds" / key[:2] / key
     if cached := _load_cached(final):
         return cached
-    (root / "tmp").mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix="build-", dir=root / "tmp"))
-    try:
-        result = _build(source, translation_unit, pack_header, task, key, work, timeout_s)
-        (work / _RESULT_FILE).write_text(json.dumps(asdict(result)), encoding="utf-8")
-        final.parent.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    with build_budget.build_slot(_MEMORY_LIMIT_BYTES, timeout_s) as held:
+        if not held:
+            return CompileResult(
+                ok=False,
+                log=(
+                    f"compile timed out after {timeout_s:.0f} s waiting for a build slot: other "
+                    f"builds held the machine's build memory budget ({build_budget.BUDGET_ENV})"
+                ),
+                source_hash=key,
+                arch=task.target.arch,
+                seconds=round(time.perf_counter() - started, 3),
+                timed_out=True,
+                transient=True,
+                command=tuple(nvcc_command(task)[1:]),
+            )
+        # Another process may have finished the same build while this one waited.
+        if cached := _load_cached(final):
+            return cached
+        (root / "tmp").mkdir(parents=True, exist_ok=True)
+        work = Path(tempfile.mkdtemp(prefix="build-", dir=root / "tmp"))
         try:
-            os.rename(work, final)
-        except OSError:
-            # Another process finished the same build first: use its result.
-            if cached := _load_cached(final):
-                return cached
-            raise
-        _prune(root / "builds")
-        return _with_library_path(result, final)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+            result = _build(
+                source, translation_unit, pack_header, task, key, work, started, timeout_s
+            )
+            if result.transient:
+                return result
+            _keep_only_what_is_reused(work, result.ok)
+            (work / _RESULT_FILE).write_text(json.dumps(asdict(result)), encoding="utf-8")
+            final.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                os.rename(work, final)
+            except OSError:
+                # Another process finished the same build first: use its result.
+                if cached := _load_cached(final):
+                    return cached
+                raise
+            _prune(root / "builds")
+            return _with_library_path(result, final)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+def _keep_only_what_is_reused(work: Path, ok: bool) -> None:
+    """Before a build folder enters the cache: a success keeps its library and the sources its
+    line information names (tools show them), not its object; a failure keeps nothing (its
+    result record is written next)."""
+    if ok:
+        (work / OBJECT_FILE).unlink(missing_ok=True)
+        return
+    for entry in work.iterdir():
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry, ignore_errors=True)
+        else:
+            entry.unlink(missing_ok=True)
 
 
 def _load_cached(folder: Path) -> CompileResult | None:
@@ -275,13 +344,20 @@ def _with_library_path(result: CompileResult, folder: Path) -> CompileResult:
 
 
 def _prune(builds: Path) -> None:
-    """Keep the cache bounded: drop the least recently used builds beyond the limit."""
-    entries = [entry for prefix in builds.iterdir() for entry in prefix.iterdir()]
-    if len(entries) <= MAX_CACHED_BUILDS:
-        return
-    entries.sort(key=lambda p: p.stat().st_mtime)
-    for entry in entries[: len(entries) - MAX_CACHED_BUILDS]:
+    """Keep the cache bounded: drop the least recently used builds beyond
+    ``MAX_CACHED_BUILDS`` entries or ``MAX_CACHED_BYTES`` bytes."""
+    entries = []
+    for entry in (entry for prefix in builds.iterdir() for entry in prefix.iterdir()):
+        with contextlib.suppress(OSError):  # another process pruned it meanwhile
+            size = sum(path.stat().st_size for path in entry.iterdir())
+            entries.append((entry.stat().st_mtime, size, entry))
+    entries.sort(key=lambda item: item[0])
+    count, total = len(entries), sum(size for _, size, _ in entries)
+    for _, size, entry in entries:
+        if count <= MAX_CACHED_BUILDS and total <= MAX_CACHED_BYTES:
+            break
         shutil.rmtree(entry, ignore_errors=True)
+        count, total = count - 1, total - size
 
 
 def _build(
@@ -291,9 +367,11 @@ def _build(
     task: Task,
     key: str,
     work: Path,
+    started: float,
     timeout_s: float,
 ) -> CompileResult:
-    started = time.perf_counter()
+    """Build in ``work``, by ``timeout_s`` after ``started`` (a ``perf_counter`` reading taken
+    before the build waited for its slot)."""
     (work / CANDIDATE_FILE).write_text(source, encoding="utf-8")
     (work / _BUILD_FILE).write_text(translation_unit, encoding="utf-8")
     (work / pack_header_name(task)).write_bytes(pack_header)
@@ -311,30 +389,44 @@ def _build(
             **extra,  # type: ignore[arg-type]
         )
 
-    code, output, timed_out = _run(_preprocess_command(task), work, timeout_s)
-    if timed_out:
-        return result(False, f"compile timed out after {timeout_s:.0f} s", timed_out=True)
+    def run(step: list[str]) -> tuple[int, str] | None:
+        """Run one compiler step in what is left of the deadline; None when it passed."""
+        left = timeout_s - (time.perf_counter() - started)
+        if left <= 0:
+            return None
+        code, output, timed_out = _run(step, work, left)
+        return None if timed_out else (code, output)
+
+    def timed_out(step: str) -> CompileResult:
+        message = f"{step} timed out after {timeout_s:.0f} s"
+        return result(False, message, timed_out=True, transient=True)
+
+    if (finished := run(_preprocess_command(task))) is None:
+        return timed_out("compile")
+    code, output = finished
     if code == 0:
         text = (work / "preprocessed.ii").read_text(encoding="utf-8", errors="replace")
         if found := _assembler_escape(text):
-            message = (
-                f"the preprocessed source holds the assembler directive or instruction "
-                f"{found!r}, which reads files, builds directives from pieces, or calls the "
-                "kernel directly; it is not allowed"
-            )
+            message = f"the preprocessed source {found}; it is not allowed"
             return result(False, message, policy_violation=message)
     (work / "preprocessed.ii").unlink(missing_ok=True)
 
     (work / _KEEP_DIR).mkdir()
-    remaining = max(1.0, timeout_s - (time.perf_counter() - started))
-    code, output, timed_out = _run(command, work, remaining)
-    if timed_out:
-        return result(False, f"compile timed out after {timeout_s:.0f} s", timed_out=True)
+    if (finished := run(command)) is None:
+        return timed_out("compile")
+    code, output = finished
     kernels = _parse_resources(output)
-    log, warnings = _trim_log(output, work, task)
+    log, warnings = _compile_log(output, work, task, source)
+    # The device image as the GPU loads it, before the fatbinary compresses it into the object.
+    oversized = _oversized(*sorted((work / _KEEP_DIR).glob("*.cubin")), work / OBJECT_FILE)
     shutil.rmtree(work / _KEEP_DIR, ignore_errors=True)
     if code != 0:
+        if stopped := _stopped_by_limit_or_machine(code, output):
+            message, transient = stopped
+            return result(False, message, warnings=warnings, transient=transient)
         return result(False, log or f"nvcc failed with exit code {code}", warnings=warnings)
+    if oversized:
+        return result(False, oversized, warnings=warnings)
     forbidden = _forbidden_host_calls(work / OBJECT_FILE)
     if forbidden:
         message = (
@@ -342,13 +434,16 @@ def _build(
             "runtime and a few C library functions (memory, strings, printing, math, exit)"
         )
         return result(False, message, warnings=warnings, policy_violation=message)
-    remaining = max(1.0, timeout_s - (time.perf_counter() - started))
-    code, output, timed_out = _run(link_command(task), work, remaining)
-    if timed_out:
-        return result(False, f"link timed out after {timeout_s:.0f} s", timed_out=True)
+    if (finished := run(link_command(task))) is None:
+        return timed_out("link")
+    code, output = finished
     if code != 0:
-        log, _ = _trim_log(output, work, task)
-        return result(False, log or f"linking failed with exit code {code}", warnings=warnings)
+        if stopped := _stopped_by_limit_or_machine(code, output):
+            message, transient = stopped
+            return result(False, message, warnings=warnings, transient=transient)
+        return result(False, _link_log(output, work), warnings=warnings)
+    if oversized := _oversized(work / LIBRARY_FILE):
+        return result(False, oversized, warnings=warnings)
     exported = _exported_symbols(work / LIBRARY_FILE)
     if task.entry_point.symbol not in exported:
         return result(
@@ -359,6 +454,73 @@ def _build(
         )
     sass = inventory(work / LIBRARY_FILE, task)
     return result(True, log, warnings=warnings, kernels=kernels, sass=sass)
+
+
+# Large initialised data is what makes a build big; it can be made at run time instead.
+_SIZE_ADVICE = "allocate large tables at run time and fill them there, not as initialised arrays"
+# How a compiler tool says that a process of the build was stopped, not that the source has an
+# error. Only the start of a line the tools print themselves is matched (a quoted source line
+# begins with spaces). Running out of memory or writing too large a file is the source's doing:
+# every compiler process has the same limits, and the build memory budget keeps the machine
+# from running out first (the kernel's out-of-memory killer sends SIGKILL, a machine failure).
+# (SIGXFSZ kills a process that writes past the limit, unless it ignores the signal, as a process
+# started from Python does: then its write fails, "File too large".)
+_FILE_SIZE_RE = re.compile(r"^\S.*(?:File size limit exceeded|File too large)", re.MULTILINE)
+_OUT_OF_MEMORY_RE = re.compile(
+    r"^\S.*(?:out of memory|virtual memory exhausted|std::bad_alloc)", re.MULTILINE
+)
+# Killed or crashed, out of disk space, or a tool missing: the machine's doing; so are the exit
+# codes by which a launcher (the shell's convention, build_sandbox's) says it could not run one.
+_COULD_NOT_RUN_CODES = (126, 127)
+_MACHINE_TROUBLE_RE = re.compile(
+    r"^(?:nvcc (?:fatal|error)\b"
+    r"|\S.*(?:died due to signal|signal terminated program|No space left on device|: not found"
+    r"|cannot execute))",
+    re.MULTILINE,
+)
+
+
+def _stopped_by_limit_or_machine(code: int, output: str) -> tuple[str, bool] | None:
+    """Why a failed compiler step (exit ``code``, ``output``) stopped other than on the source's
+    errors: the message, and whether it is transient (the machine's doing, not to be cached).
+    None when it stopped on the source's errors."""
+    if code == -signal.SIGXFSZ or _FILE_SIZE_RE.search(output):
+        limit, cap = _FILE_SIZE_LIMIT_BYTES >> 20, MAX_LIBRARY_BYTES >> 20
+        return (
+            f"the build wrote a file over {limit} MiB, the limit on any file a build writes "
+            f"(its library may be at most {cap} MiB): {_SIZE_ADVICE}",
+            False,
+        )
+    if _OUT_OF_MEMORY_RE.search(output):
+        return (
+            f"a compiler process ran out of memory: each may use {_MEMORY_LIMIT_BYTES >> 30} GiB "
+            f"(large initialised arrays and deep template or constexpr recursion use it up)",
+            False,
+        )
+    if code < 0:
+        reason = f"a compiler process was killed (signal {-code})"
+    elif code in _COULD_NOT_RUN_CODES or _MACHINE_TROUBLE_RE.search(output):
+        reason = "a compiler process was killed or crashed, ran out of disk, or could not start"
+    else:
+        return None
+    return f"{reason}: the build failed on this machine, not on the source; try again", True
+
+
+def _oversized(*built: Path) -> str | None:
+    """Why the first of the ``built`` files (device images, the object, the library) that is
+    over ``MAX_LIBRARY_BYTES`` is too large, or None when none is (or exists)."""
+    for path in built:
+        try:
+            size = path.stat().st_size
+        except FileNotFoundError:
+            continue
+        if size > MAX_LIBRARY_BYTES:
+            what = {".cubin": "device code image", ".o": "object"}.get(path.suffix, "library")
+            return (
+                f"the built {what} is {size / (1 << 20):.0f} MiB, over the "
+                f"{MAX_LIBRARY_BYTES >> 20} MiB a build may produce: {_SIZE_ADVICE}"
+            )
+    return None
 
 
 # What the candidate's own object may leave for the linker: the CUDA runtime, the C++ runtime's
@@ -387,9 +549,13 @@ def _forbidden_host_calls(obj: Path) -> list[str]:
 
 
 def _run(command: list[str], cwd: Path, timeout_s: float) -> tuple[int, str, bool]:
-    """Run a compiler process in its own session with resource limits and a lower CPU priority
-    (``COMPILER_NICENESS``, inherited by cicc, ptxas and gcc); kill the group on timeout."""
+    """Run a compiler process in its own session, reading only the toolkit, the system and
+    ``cwd`` (``ptxgym.build_sandbox``, where the kernel has Landlock), with resource limits and
+    a lower CPU priority (``COMPILER_NICENESS``, inherited by cicc, ptxas and gcc); kill the
+    group on timeout."""
     limited = command
+    if build_sandbox.available():
+        limited = build_sandbox.confined_command(limited, nvcc_path(), cwd)
     if shutil.which("prlimit"):
         limits = [f"--as={_MEMORY_LIMIT_BYTES}", f"--fsize={_FILE_SIZE_LIMIT_BYTES}", "--core=0"]
         limited = ["prlimit", *limits, "--", *limited]
@@ -406,30 +572,40 @@ def _run(command: list[str], cwd: Path, timeout_s: float) -> tuple[int, str, boo
     return (-1, "", True) if code is None else (code, output, False)
 
 
-_STRING_LITERAL_RE = re.compile(r'"((?:[^"\\\n]|\\.)*)"')
 _FILE_DIRECTIVE_RE = re.compile(r"\.(incbin|include)\b", re.IGNORECASE)
+# Every allowed header at once preprocesses to about 7 MB; macros can expand a small candidate
+# far beyond that, and scanning costs about a second per few megabytes.
+_MAX_PREPROCESSED_CHARS = 16 << 20
 
 
 def _assembler_escape(preprocessed: str) -> str | None:
-    """Find file directives in the preprocessed text, and any assembler escape (file,
-    macro-building or system-call directive) in its joined, unescaped string literals."""
-    if found := _FILE_DIRECTIVE_RE.search(preprocessed):
-        return found.group()
-    joined: list[str] = []
-    last_end = -1
-    for match in _STRING_LITERAL_RE.finditer(preprocessed):
-        try:
-            text = codecs.decode(match.group(1), "unicode_escape")
-        except UnicodeDecodeError:
-            text = match.group(1)
-        if joined and not preprocessed[last_end : match.start()].strip():
-            joined[-1] += text
-        else:
-            joined.append(text)
-        last_end = match.end()
-    for text in joined:
-        if found := ASSEMBLER_ESCAPE_RE.search(text):
-            return found.group()
+    """Why the preprocessed text may not be built (completing "the preprocessed source …"), or
+    None. It may not hold a file directive anywhere, nor any assembler escape (file,
+    macro-building or system-call directive) in its string literals, read as the compiler reads
+    them (``ptxgym.cpp_tokens``: adjacent literals joined, escapes decoded). Text too large to
+    scan, or that cannot be tokenised for certain (a literal could hide where it ends), is
+    refused too."""
+    if len(preprocessed) > _MAX_PREPROCESSED_CHARS:
+        return (
+            f"is {len(preprocessed):,} characters, more than the {_MAX_PREPROCESSED_CHARS:,} "
+            "that are scanned for assembler directives"
+        )
+    found = _FILE_DIRECTIVE_RE.search(preprocessed)
+    lexer = Lexer(preprocessed)
+    runs = string_runs(lexer.tokens())
+    while found is None and (run := next(runs, None)) is not None:
+        found = ASSEMBLER_ESCAPE_RE.search(run.text)
+    if found is not None:
+        return (
+            f"holds the assembler directive or instruction {found.group()!r}, which reads "
+            "files, builds directives from pieces, or calls the kernel directly"
+        )
+    if lexer.problems:
+        problem = lexer.problems[0]
+        return (
+            f"cannot be read for certain ({problem.what}, line {problem.line}), so a literal "
+            "could hide an assembler directive"
+        )
     return None
 
 
@@ -491,86 +667,165 @@ def _symbols(path: Path, *options: str) -> set[str]:
     return {line.split()[-1] for line in out.stdout.splitlines() if line.strip()}
 
 
-# Front-end (EDG) diagnostics "file(12): error: ..." and host-compiler (gcc) diagnostics
-# "file:12:5: error: ...".
-_DIAGNOSTIC_RE = re.compile(
-    r"^(?:(?P<file>[^\s()][^()]*?)\((?P<line>\d+)\): (?P<kind>error|warning|remark)[^:]*"
-    r"|(?P<gfile>[^\s:]+):(?P<gline>\d+)(?::\d+)?: (?P<gkind>error|warning|fatal error)): "
+# Front-end (EDG) diagnostics "file(12): error: ..." (also "warning #177-D:", "note #3326-D:")
+# and host-compiler (gcc) ones "file:12:5: error: ...". Only a line that begins with one is read:
+# everything else a compiler prints (its echo of the source line, carets, include chains,
+# template backtraces, the assembler's messages) can quote a file that a ``#line`` directive, an
+# include or an assembler directive named, and is never passed on.
+_FRONT_END_RE = re.compile(
+    r"^(?P<file>[^\s()][^()]*?)\((?P<line>\d+)\): "
+    r"(?P<kind>error|warning|remark|note|catastrophic error|internal error)(?: #[\w-]+)?: "
     r"(?P<message>.*)$"
 )
+_HOST_COMPILER_RE = re.compile(
+    r"^(?P<file>[^\s:]+):(?P<line>\d+)(?::(?P<column>\d+))?: "
+    r"(?P<kind>error|warning|fatal error|note): (?P<message>.*)$"
+)
+# The front end's caret line under its echo of the source line (both indented by two spaces).
+_CARET_RE = re.compile(r"^ *\^$")
 _PTXAS_RE = re.compile(
     r"^ptxas (?P<file>\S+), line (?P<line>\d+); (?P<kind>error|warning)\s*: (?P<message>.*)$"
 )
 _PTXAS_OTHER_RE = re.compile(r"^ptxas (?P<kind>warning|error|fatal)\s*: (?P<message>.*)$")
-_UNDEFINED_RE = re.compile(r"undefined reference to [`'](?P<symbol>[^`']+)'")
-_SYSTEM_PREFIXES = ("/usr/local/cuda", "/usr/include", "/usr/lib/gcc", "/opt/nvidia")
+# The linker's "FILE:(SECTION+OFFSET): undefined reference to `SYMBOL'", anchored: its warning
+# lines ("FILE:(SECTION+OFFSET): warning: TEXT") print text the object holds, which may read alike.
+_LINKER_RE = r"^\S*\([^)\s]*\): {} [`'](?P<symbol>[^`']+)'"
+_UNDEFINED_RE = re.compile(_LINKER_RE.format("undefined reference to"))
+_MULTIPLE_RE = re.compile(_LINKER_RE.format("multiple definition of"))
+# Where ``ProcessGroup`` cut a long output: the line after the mark starts mid-line.
+_OMITTED_RE = re.compile(r"^\[\.\.\. \d+ bytes of output omitted \.\.\.\]$")
+_SYSTEM_FOLDERS = ("/usr/local/cuda", "/usr/include", "/usr/lib/gcc", "/opt/nvidia")
 
 
-def _trim_log(output: str, work: Path, task: Task) -> tuple[str, tuple[str, ...]]:
-    """Keep errors and warnings that help; never echo a line from a file outside the build."""
+@dataclass(frozen=True)
+class _Diagnostic:
+    """One diagnostic's first line, parsed: where, what kind, the message, and the column when
+    the compiler gave one that fits our copy of the source (1-based, tabs as ``tab_width``)."""
+
+    file: str
+    line: int
+    kind: str
+    message: str
+    column: int | None = None
+    tab_width: int = 1
+
+
+def _compile_log(output: str, work: Path, task: Task, source: str) -> tuple[str, tuple[str, ...]]:
+    """The log of the compile step, rebuilt from the diagnostics that help: those located in the
+    submission, each with its line quoted from ``source`` (our copy, never the compiler's
+    echo); those in our ``build.cu`` translated; those in the pack's or a system header named
+    with their message; ptxas's, with the line of our PTX. Returns the log and its warnings."""
     blocks: list[str] = []
     warnings: list[str] = []
-    lines = output.replace(str(work) + "/", "").splitlines()
-    index = 0
-    while index < len(lines):
-        line = lines[index]
-        index += 1
-        if match := _DIAGNOSTIC_RE.match(line):
-            # The diagnostic's continuation lines: the echoed source line, the caret, notes.
-            continuation = []
-            while index < len(lines) and not _starts_message(lines[index]):
-                continuation.append(lines[index])
-                index += 1
-            block = _diagnostic_block(match, continuation, task)
-            if "warning" in (match["kind"], match["gkind"]):
+    source_lines = source.split("\n")
+    lines = _output_lines(output, work)
+    # The last block a diagnostic started: a note located in the submission is added to it.
+    current: int | None = None
+    for index, line in enumerate(lines):
+        if diagnostic := _parse_diagnostic(lines, index, source_lines):
+            if diagnostic.kind == "note":
+                if current is not None and diagnostic.file == CANDIDATE_FILE:
+                    blocks[current] += "\n" + _submission_block(diagnostic, source_lines)
+                continue
+            block = _diagnostic_block(diagnostic, task, source_lines)
+            if diagnostic.kind == "warning":
                 warnings.append(block)
             blocks.append(block)
-        elif match := _PTXAS_RE.match(line):
+            current = len(blocks) - 1
+            continue
+        current = None
+        if match := _PTXAS_RE.match(line):
             ptx_line = _ptx_line(work, match["file"], int(match["line"]))
-            block = f"ptxas {match['kind']}: {match['message']} (PTX line {match['line']}"
-            block += f": {ptx_line.strip()})" if ptx_line else ")"
+            block = f"ptxas {match['kind']}: {_capped(match['message'], _MAX_MESSAGE_CHARS)}"
+            block += f" (PTX line {match['line']}"
+            block += f": {_capped(ptx_line.strip(), _MAX_QUOTE_CHARS)})" if ptx_line else ")"
             if match["kind"] == "warning":
                 warnings.append(block)
             blocks.append(block)
         elif match := _PTXAS_OTHER_RE.match(line):
-            block = f"ptxas {match['kind']}: {match['message']}"
+            block = f"ptxas {match['kind']}: {_capped(match['message'], _MAX_MESSAGE_CHARS)}"
             if match["kind"] == "warning":
                 warnings.append(block)
             if match["kind"] != "fatal" or not blocks:
                 blocks.append(block)
-        elif match := _UNDEFINED_RE.search(line):
+        elif line.endswith("Assembler messages:"):
+            # The host assembler's messages quote what it assembled, which can be a file.
+            blocks.append("error: the host assembler refused the host code (not shown)")
+        elif line.startswith(("nvcc fatal", "nvcc error")):
+            blocks.append(_capped(line, _MAX_MESSAGE_CHARS))
+    return _joined(blocks), tuple(dict.fromkeys(warnings))[:_MAX_DIAGNOSTICS]
+
+
+def _link_log(output: str, work: Path) -> str:
+    """The log of the link step: the symbols that are missing or defined twice. The linker's
+    other messages are not shown: they can quote what the object holds (a section of warning
+    text, built from anything the assembler read)."""
+    blocks = []
+    for line in _output_lines(output, work):
+        if match := _UNDEFINED_RE.match(line):
+            symbol = _capped(match["symbol"], _MAX_QUOTE_CHARS)
             blocks.append(
-                f"link error: undefined reference to {match['symbol']!r} "
+                f"link error: undefined reference to {symbol!r} "
                 "(only the CUDA runtime is linked; define every function you call)"
             )
-        elif line.startswith(("nvcc fatal", "nvcc error")):
-            blocks.append(line)
-    unique = list(dict.fromkeys(blocks))
-    shown = unique[:_MAX_DIAGNOSTICS]
-    if len(unique) > len(shown):
-        shown.append(f"... {len(unique) - len(shown)} more diagnostics not shown")
-    log = "\n".join(shown)
-    if len(log) > _MAX_LOG_CHARS:
-        log = log[:_MAX_LOG_CHARS] + "\n... (log truncated)"
-    return log, tuple(dict.fromkeys(warnings))
+        elif match := _MULTIPLE_RE.match(line):
+            symbol = _capped(match["symbol"], _MAX_QUOTE_CHARS)
+            blocks.append(
+                f"link error: multiple definition of {symbol!r} (the statically linked CUDA "
+                "runtime, or another definition in your source, defines it too: rename yours)"
+            )
+    return _joined(blocks) or "link error (the linker's messages are not shown)"
 
 
-def _starts_message(line: str) -> bool:
-    return bool(
-        _DIAGNOSTIC_RE.match(line)
-        or line.startswith(("ptxas", "nvcc", "/usr/bin/ld", "collect2"))
-        or re.match(r"^\d+ errors? detected", line)
+def _output_lines(output: str, work: Path) -> list[str]:
+    """The output's lines, the build folder's path taken out. Split at newlines only (a quoted
+    line of another file may hold a carriage return or a form feed, and must stay one line),
+    without the partial line that follows a cut."""
+    lines = output.replace(str(work) + "/", "").split("\n")
+    return [
+        line
+        for index, line in enumerate(lines)
+        if not _OMITTED_RE.match(line) and not (index and _OMITTED_RE.match(lines[index - 1]))
+    ]
+
+
+def _parse_diagnostic(lines: list[str], index: int, source_lines: list[str]) -> _Diagnostic | None:
+    """The diagnostic that line ``index`` begins, if it begins one. The front end gives no
+    column in its first line: it is taken from the caret under its echo of the line, when that
+    echo is our own line (tabs shown as one space); only the caret's position is kept."""
+    if match := _HOST_COMPILER_RE.match(lines[index]):
+        return _Diagnostic(
+            os.path.normpath(match["file"]),
+            int(match["line"]),
+            match["kind"],
+            match["message"],
+            int(match["column"]) if match["column"] else None,
+            tab_width=8,  # gcc counts columns with tabs expanded to 8
+        )
+    if not (match := _FRONT_END_RE.match(lines[index])):
+        return None
+    number, column = int(match["line"]), None
+    for position in range(index + 1, len(lines) - 1):
+        echo, caret = lines[position], lines[position + 1]
+        if _FRONT_END_RE.match(echo) or _HOST_COMPILER_RE.match(echo):
+            break
+        if _CARET_RE.match(caret):
+            ours = _source_line(source_lines, number).replace("\t", " ").rstrip()
+            if ours and echo[2:].rstrip() == ours:
+                column = caret.index("^") - 1
+            break
+    return _Diagnostic(
+        os.path.normpath(match["file"]), number, match["kind"], match["message"], column
     )
 
 
-def _diagnostic_block(match: re.Match[str], continuation: list[str], task: Task) -> str:
-    file = match["file"] or match["gfile"]
-    line = match["line"] or match["gline"]
-    kind = (match["kind"] or match["gkind"]).replace("fatal error", "error")
-    message = match["message"].strip()
+def _diagnostic_block(diagnostic: _Diagnostic, task: Task, source_lines: list[str]) -> str:
+    """What the model reads of one diagnostic, by where it is located."""
+    kind = "error" if diagnostic.kind.endswith("error") else diagnostic.kind
+    message = _capped(diagnostic.message.strip(), _MAX_MESSAGE_CHARS)
+    file = diagnostic.file
     if file == CANDIDATE_FILE:
-        body = "\n".join(text for text in continuation if text.strip())
-        return f"{file}({line}): {kind}: {message}" + (f"\n{body}" if body else "")
+        return _submission_block(diagnostic, source_lines)
     if file == _BUILD_FILE:
         if "static assertion failed" in message:
             return f"{kind}: the entry point does not match: {task.entry_point.signature}"
@@ -578,10 +833,59 @@ def _diagnostic_block(match: re.Match[str], continuation: list[str], task: Task)
             return f"{kind}: the entry point {task.entry_point.symbol} is not defined"
         return f"{kind}: {message}"
     if file == pack_header_name(task):
-        return f"{file}({line}): {kind}: {message}"
-    if file.startswith(_SYSTEM_PREFIXES):
-        return f"{Path(file).name}(system header): {kind}: {message}"
+        return f"{file}({diagnostic.line}): {kind}: {message}"
+    if any(Path(file).is_relative_to(folder) for folder in _system_folders()):
+        return f"{Path(file).name}({diagnostic.line}) (system header): {kind}: {message}"
     return f"{kind} in a file outside the submission (not shown)"
+
+
+def _submission_block(diagnostic: _Diagnostic, source_lines: list[str]) -> str:
+    """A diagnostic located in the submission: its message, then its line from our copy of the
+    source and a caret under the column, if the compiler gave one."""
+    kind = "error" if diagnostic.kind.endswith("error") else diagnostic.kind
+    message = _capped(diagnostic.message.strip(), _MAX_MESSAGE_CHARS)
+    block = f"{CANDIDATE_FILE}({diagnostic.line}): {kind}: {message}"
+    text = _source_line(source_lines, diagnostic.line).expandtabs(diagnostic.tab_width).rstrip()
+    if not text.strip():
+        return block
+    # A long line is shown as a window around the column.
+    start = 0
+    if diagnostic.column is not None and diagnostic.column > _MAX_QUOTE_CHARS:
+        start = diagnostic.column - _MAX_QUOTE_CHARS // 2
+    shown = text[start : start + _MAX_QUOTE_CHARS]
+    lead = "..." if start else ""
+    block += f"\n  {lead}{shown}" + ("..." if start + _MAX_QUOTE_CHARS < len(text) else "")
+    if diagnostic.column is not None and 0 < diagnostic.column - start <= len(shown) + 1:
+        block += "\n  " + " " * (len(lead) + diagnostic.column - start - 1) + "^"
+    return block
+
+
+def _source_line(source_lines: list[str], number: int) -> str:
+    """Line ``number`` (1-based) of our copy of the source; empty when there is none."""
+    return source_lines[number - 1].removesuffix("\r") if 0 < number <= len(source_lines) else ""
+
+
+@cache
+def _system_folders() -> tuple[Path, ...]:
+    """Folders whose headers are the system's or the toolkit's (nvcc's own installation)."""
+    toolkit = Path(nvcc_path()).resolve().parent.parent
+    return (toolkit, *(Path(folder) for folder in _SYSTEM_FOLDERS))
+
+
+def _capped(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _joined(blocks: list[str]) -> str:
+    """The blocks, each once, capped in number and in characters."""
+    unique = list(dict.fromkeys(blocks))
+    shown = unique[:_MAX_DIAGNOSTICS]
+    if len(unique) > len(shown):
+        shown.append(f"... {len(unique) - len(shown)} more diagnostics not shown")
+    log = "\n".join(shown)
+    if len(log) > _MAX_LOG_CHARS:
+        log = log[:_MAX_LOG_CHARS] + "\n... (log truncated)"
+    return log
 
 
 def _ptx_line(work: Path, ptx_file: str, line: int) -> str | None:

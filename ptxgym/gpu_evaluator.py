@@ -26,11 +26,22 @@ from ptxgym.compiler import DEFAULT_TIMEOUT_S
 from ptxgym.evaluator import build_candidate
 from ptxgym.gpus import visible_gpus
 from ptxgym.judge import Judge, JudgeSettings, Verdict
-from ptxgym.judge_server import connect, judge_main
+from ptxgym.judge_server import (
+    MAX_ANSWER_BYTES,
+    MessageError,
+    Request,
+    connect,
+    judge_main,
+    read_answer,
+    receive_message,
+    send_message,
+)
 from ptxgym.outcome import Outcome
 from ptxgym.tasks import Task
 
 _START_TIMEOUT_S = 600.0
+# The answer each kind of request expects.
+_ANSWER_KINDS = {"evaluate": "verdict", "baseline": "baseline"}
 
 
 class EvaluatorError(RuntimeError):
@@ -53,7 +64,9 @@ class _JudgeHandle:
     """The evaluator's end of one judge: requests out, answers routed to their askers.
 
     Any number of threads may have requests in flight; a reader thread hands each answer to the
-    future of the request it belongs to. If the judge dies, every pending request fails with an
+    future of the request it belongs to. Messages are JSON (``ptxgym.judge_server``): an answer
+    that is not of the protocol fails its request with an EvaluatorError, or, when it names no
+    request, ends the connection. If the judge dies, every pending request fails with an
     EvaluatorError and the next ``judge_for`` connects again (starting a new judge).
     ``local`` starts a judge private to this process; ``shared`` connects to the user's judge
     server for the GPU (``ptxgym.judge_server``).
@@ -71,7 +84,8 @@ class _JudgeHandle:
         self.device = device
         self.process = process
         self._send_lock = threading.Lock()
-        self._pending: dict[int, Future[Any]] = {}
+        # Each request in flight: its future and the kind of answer it expects.
+        self._pending: dict[int, tuple[Future[Any], str]] = {}
         self._pending_lock = threading.Lock()
         self._ids = itertools.count()
         self._reader = threading.Thread(target=self._read_answers, daemon=True)
@@ -92,9 +106,14 @@ class _JudgeHandle:
         process = context.Process(target=judge_main, args=(child, device, settings, factory))
         process.start()
         child.close()
-        ready = conn.poll(_START_TIMEOUT_S)
-        kind, payload = conn.recv()[1:] if ready else ("timeout", "")
-        if kind != "ready" or not isinstance(payload, dict):
+        kind: str = "timeout"
+        payload: Any = ""
+        if conn.poll(_START_TIMEOUT_S):
+            try:
+                _, kind, payload = read_answer(receive_message(conn, MAX_ANSWER_BYTES))
+            except (EOFError, OSError, MessageError) as exc:
+                kind, payload = "failed", f"its first answer: {type(exc).__name__}: {exc}"
+        if kind != "ready":
             with contextlib.suppress(OSError):
                 conn.close()
             process.join(timeout=30)
@@ -113,54 +132,74 @@ class _JudgeHandle:
             raise EvaluatorError(str(exc)) from exc
         return cls(conn, info, device)
 
-    def submit(self, kind: str, *arguments: Any, deadline: float | None = None) -> Future[Any]:
-        """Send one request; its future holds the answer (or an EvaluatorError)."""
+    def evaluate(self, task: Task, library: str, deadline: float | None = None) -> Future[Verdict]:
+        """Ask for the verdict on ``library``; a request still queued in the judge at
+        ``deadline`` (``time.time()``) fails with an EvaluatorError."""
+        return self._submit(Request(next(self._ids), deadline, task, library))
+
+    def baseline(self, task: Task) -> Future[dict[str, float]]:
+        """Ask for the baseline latency (ms) of each of the task's workloads."""
+        return self._submit(Request(next(self._ids), None, task))
+
+    def _submit(self, request: Request) -> Future[Any]:
+        """Send ``request``; its future holds the answer (or an EvaluatorError)."""
         future: Future[Any] = Future()
-        request_id = next(self._ids)
         with self._pending_lock:
-            self._pending[request_id] = future
+            self._pending[request.request_id] = (future, _ANSWER_KINDS[request.kind])
         try:
             with self._send_lock:
-                self.conn.send((kind, request_id, deadline, *arguments))
+                send_message(self.conn, request.message())
         except (OSError, ValueError) as exc:
             with self._pending_lock:
-                self._pending.pop(request_id, None)
+                self._pending.pop(request.request_id, None)
             future.set_exception(EvaluatorError(f"the judge for GPU {self.device} is gone: {exc}"))
         return future
 
-    def request(self, kind: str, *arguments: Any) -> Any:
-        return self.submit(kind, *arguments).result()
-
     def _read_answers(self) -> None:
+        ended = "stopped before answering"
         while True:
             try:
-                request_id, kind, payload = self.conn.recv()
+                answer = read_answer(receive_message(self.conn, MAX_ANSWER_BYTES))
             except (EOFError, OSError):
                 break
-            with self._pending_lock:
-                future = self._pending.pop(request_id, None)
-            if future is None:
-                continue
-            if kind in ("failed", "expired"):
-                future.set_exception(EvaluatorError(str(payload)))
-            else:
-                future.set_result(payload)
+            except MessageError as exc:
+                if exc.request_id is None:  # what follows it cannot be trusted to be answers
+                    ended = f"sent what is not an answer ({exc})"
+                    with contextlib.suppress(OSError):
+                        self.conn.close()  # and later requests fail at once, not unanswered
+                    break
+                answer = (exc.request_id, "failed", f"the judge's answer is malformed: {exc}")
+            request_id, kind, payload = answer
+            if request_id is not None:
+                self._settle(request_id, kind, payload)
+            elif kind == "failed":  # a refusal of no request: the judge closes the connection
+                ended = f"refused what it was sent ({payload})"
         with self._pending_lock:
             pending, self._pending = self._pending, {}
-        for future in pending.values():
-            future.set_exception(
-                EvaluatorError(f"the judge for GPU {self.device} stopped before answering")
-            )
+        for future, _ in pending.values():
+            future.set_exception(EvaluatorError(f"the judge for GPU {self.device} {ended}"))
+
+    def _settle(self, request_id: int, kind: str, payload: Any) -> None:
+        """Hand one answer to the future of its request (an answer to none is dropped)."""
+        with self._pending_lock:
+            future, expected = self._pending.pop(request_id, (None, ""))
+        if future is None:
+            return
+        if kind in ("failed", "expired"):
+            future.set_exception(EvaluatorError(str(payload)))
+        elif kind != expected:
+            future.set_exception(EvaluatorError(f"the judge answered {kind!r}, not {expected!r}"))
+        else:
+            future.set_result(payload)
 
     @property
     def alive(self) -> bool:
-        if self.process is not None:
-            return self.process.is_alive()
-        return self._reader.is_alive()
+        """Answers are still read (and a private judge still runs)."""
+        return self._reader.is_alive() and (self.process is None or self.process.is_alive())
 
     def close(self) -> None:
         with contextlib.suppress(OSError, ValueError), self._send_lock:
-            self.conn.send(("close",))
+            send_message(self.conn, ["close"])
         if self.process is None:
             with contextlib.suppress(OSError):
                 self.conn.close()
@@ -251,9 +290,7 @@ class LocalGPUEvaluator:
         compile_seconds = time.perf_counter() - started
         deadline = time.time() + self.queue_timeout_s if self.queue_timeout_s is not None else None
         handle = judge_for(self.device, self.settings, self.shared)
-        verdict: Verdict = handle.submit(
-            "evaluate", task, build.library, deadline=deadline
-        ).result()
+        verdict = handle.evaluate(task, build.library, deadline).result()
         latency, baseline = verdict.latency_ms, verdict.baseline_latency_ms
         return Outcome(
             task_id=task.id,
@@ -289,8 +326,7 @@ class LocalGPUEvaluator:
         if reason is not None:
             raise EvaluatorError(reason)
         handle = judge_for(self.device, self.settings, self.shared)
-        result: dict[str, float] = handle.request("baseline", task)
-        return result
+        return handle.baseline(task).result()
 
     def device_info(self) -> dict[str, Any]:
         return judge_for(self.device, self.settings, self.shared).info

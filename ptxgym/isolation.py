@@ -16,9 +16,15 @@
 - A seccomp filter (``ptxgym.seccomp``), installed once CUDA is up and before the candidate's
   library is loaded: no new processes or programs, no signals to other processes, no tracing,
   and in the worker no sockets but ``AF_UNIX``.
-- Writes confined to the process's own folder, /dev/shm and device files (``ptxgym.landlock``),
-  where the kernel has Landlock: in the worker from before CUDA starts (so the driver's threads,
-  which run host callbacks, are confined too); in the single-call processes once CUDA is up.
+- Files confined (``ptxgym.landlock``), where the kernel has Landlock: writes only in the
+  process's own folder, /dev/shm and device files; reads only of the system, Python and its
+  packages, ptxgym's own code, the CUDA driver's and the tools' files, and the process's own
+  folder (``readable_paths``): not the user's home, the project, ptxgym's cache (other
+  candidates' sources and libraries, baselines, the judge's key) or other processes' /proc.
+  In the worker from before CUDA starts (so the driver's threads, which run host callbacks, are
+  confined too); in the single-call processes once CUDA is up. Where the kernel also scopes
+  abstract Unix sockets (Landlock ABI 6), the worker cannot reach one made outside its domain:
+  Python's forkserver, unconfined, listens on one.
 
 docs/security.md lists what this does not cover.
 """
@@ -26,12 +32,13 @@ docs/security.md lists what this does not cover.
 from __future__ import annotations
 
 import ctypes
+import importlib.util
 import os
 import resource
 import sys
 from pathlib import Path
 
-from ptxgym.landlock import LandlockUnavailable, confine_writes
+from ptxgym import landlock, paths
 from ptxgym.processes import stat_fields
 from ptxgym.seccomp import SeccompUnavailable, restrict_system_calls
 
@@ -92,6 +99,7 @@ def confine(folder: Path) -> dict[str, bool]:
     writes only beneath ``folder`` where the kernel has Landlock. Returns which of the optional
     steps took effect."""
     folder.mkdir(parents=True, exist_ok=True)
+    readable = readable_paths()  # before the scrub: it reads settings (PTXGYM_LOCK_DIR, CUDA_HOME)
     environment = scrubbed_environment(folder)
     for name in list(os.environ):
         del os.environ[name]  # unsetenv: the C library's environ changes too
@@ -99,7 +107,13 @@ def confine(folder: Path) -> dict[str, bool]:
     _erase_initial_environment()
     os.chdir(folder)
     limit_resources()
-    return {"network_isolated": _unshare_network(), "writes_confined": restrict_writes(folder)}
+    network_isolated = _unshare_network()
+    files_confined = restrict_files(folder, readable, scope_sockets=True)
+    return {
+        "network_isolated": network_isolated,
+        "writes_confined": files_confined,
+        "reads_confined": files_confined,
+    }
 
 
 def seal(network: bool) -> bool:
@@ -115,18 +129,103 @@ def seal(network: bool) -> bool:
     return True
 
 
-def restrict_writes(folder: Path) -> bool:
-    """Allow writing only beneath ``folder``, in /dev/shm and to device files from now on, in
-    this thread and all it starts. False, with the reason on stderr, where the kernel has no
-    Landlock. (/dev/shm: shared-memory segments, which the profiler's and the sanitizer's
-    in-process parts may make to talk to their front ends; no trusted process reads it.)"""
+def restrict_files(
+    folder: Path, readable: list[Path] | None = None, *, scope_sockets: bool = False
+) -> bool:
+    """From now on, in this thread and all it starts: write only beneath ``folder``, in /dev/shm
+    and to device files; read only beneath ``folder`` and ``readable`` (default:
+    ``readable_paths()``);
+    with ``scope_sockets``, connect to no abstract Unix socket made outside. False, with the
+    reason on stderr, where the kernel has no Landlock. (/dev/shm: shared-memory segments, which
+    the profiler's and the sanitizer's in-process parts may make to talk to their front ends; no
+    trusted process reads it.)"""
     shared_memory = Path("/dev/shm")
     try:
-        confine_writes([folder, *([shared_memory] if shared_memory.is_dir() else [])])
-    except (LandlockUnavailable, OSError) as exc:
-        print(f"ptxgym: writes not confined: {exc}", file=sys.stderr, flush=True)
+        landlock.confine(
+            writable=[folder, *([shared_memory] if shared_memory.is_dir() else [])],
+            readable=readable_paths() if readable is None else readable,
+            scope_abstract_sockets=scope_sockets,
+        )
+    except (landlock.LandlockUnavailable, OSError) as exc:
+        print(f"ptxgym: files not confined: {exc}", file=sys.stderr, flush=True)
         return False
     return True
+
+
+# What a process running candidate code reads besides its own folder: the system's programs,
+# libraries and data (CUDA's driver library among them), device and system information, its own
+# /proc entries, and a few files of /etc that the C library and the driver open.
+_SYSTEM_READABLE = (
+    "/usr",
+    "/bin",
+    "/sbin",
+    "/lib",
+    "/lib32",
+    "/lib64",
+    "/opt",
+    "/sys",
+    "/dev",
+    "/proc/self",
+    "/proc/thread-self",
+    "/proc/driver/nvidia",
+    "/proc/cpuinfo",
+    "/proc/meminfo",
+    "/proc/stat",
+    "/proc/sys",
+    "/proc/filesystems",
+    "/proc/modules",
+    "/proc/devices",
+    "/run/nvidia-persistenced",
+    "/var/run/nvidia-persistenced",
+    "/etc/ld.so.cache",
+    "/etc/ld.so.conf",
+    "/etc/ld.so.conf.d",
+    "/etc/localtime",
+    "/etc/nsswitch.conf",
+    "/etc/passwd",
+    "/etc/group",
+    "/etc/host.conf",
+    "/etc/resolv.conf",
+    "/etc/hosts",
+    "/etc/os-release",
+    "/etc/nvidia",
+    "/etc/OpenCL",
+    "/etc/alternatives",
+)
+
+
+def readable_paths() -> list[Path]:
+    """What a confined process may read besides its own folder: ``_SYSTEM_READABLE``; Python,
+    its standard library and installed packages (the module path's folders under Python's
+    prefixes or named site-packages, never a script's or a checkout's folder); ptxgym's own
+    packages (``ptxgym``, ``kernels_ref``); the CUDA toolkit and the tools (``CUDA_HOME``,
+    Nsight Compute, compute-sanitizer); and the GPU locks' folder (``ptxgym.gpu_lock``), whose
+    files a start-up takes turns on."""
+    found: list[Path] = [Path(path) for path in _SYSTEM_READABLE]
+    prefixes = [
+        Path(prefix).resolve()
+        for prefix in {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix}
+    ]
+    found += prefixes
+    for entry in sys.path:
+        folder = Path(entry).resolve() if entry else None
+        if folder is not None and (
+            folder.name in ("site-packages", "dist-packages")
+            or any(folder.is_relative_to(prefix) for prefix in prefixes)
+        ):
+            found.append(folder)
+    found.append(Path(__file__).resolve().parent)
+    if (references := importlib.util.find_spec("kernels_ref")) and references.origin:
+        found.append(Path(references.origin).resolve().parent)
+    found.append(Path(os.environ.get("CUDA_HOME", "/usr/local/cuda")))
+    for tool, override in (
+        ("ncu", "PTXGYM_NCU"),
+        ("compute-sanitizer", "PTXGYM_COMPUTE_SANITIZER"),
+    ):
+        if located := paths.cuda_tool(tool, override=override):
+            found.append(Path(located).resolve().parent)
+    found.append(paths.lock_dir())
+    return [path for path in dict.fromkeys(found) if path != Path("/")]
 
 
 def limit_resources() -> None:

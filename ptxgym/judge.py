@@ -2,10 +2,12 @@
 
 One judge per GPU. It holds the workload state that must never be visible to candidate code —
 the seeds, the reference outputs, the baseline latencies — and keeps it across steps. For each
-candidate it hands a fresh worker (``ptxgym.worker``) the library and the seeds, compares what
-comes back with the references, and turns crashes, hangs and bad outputs into a verdict. A worker
-that dies, hangs or breaks its CUDA context costs only itself: it is killed, and a spare, already
-started, serves the next candidate.
+candidate it hands a fresh worker (``ptxgym.worker``) the library and the seeds, holds the
+conversation with it (``Conversation``: every message taken against the protocol's script,
+``ptxgym.protocol``, and the claimed timing bounded by the judge's own clock), compares the
+outputs that come back with the references, and turns crashes, hangs, bad outputs and broken
+protocol into a verdict. A worker that dies, hangs or breaks its CUDA context costs only itself:
+it is killed, and a spare, already started, serves the next candidate.
 """
 
 from __future__ import annotations
@@ -18,16 +20,18 @@ import os
 import random
 import secrets
 import shutil
+import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
-from ptxgym import channel
+from ptxgym import channel, protocol
 from ptxgym.baselines import baseline_key, cached_baseline, store_baseline
 from ptxgym.correctness import CheckReport, check_outputs
 from ptxgym.gpu_lock import EXCLUSIVE_CHAIN_S, exclusive_gpu, lock_path, shared_gpu
@@ -41,7 +45,6 @@ from ptxgym.single_call import CallJob
 from ptxgym.tasks import Task, WorkloadSpec
 from ptxgym.timing import (
     TIMED_CALLS,
-    TIMING_PHASES,
     TRIALS,
     WARMUP_CALLS,
     Timer,
@@ -64,6 +67,13 @@ _WORKER_START_TIMEOUT_S = 120.0
 # How long the sanitizers' words wait for the profile to take the GPU first (it is waiting with
 # its CUDA context made, so this is normally milliseconds).
 _PROFILE_FIRST_WAIT_S = 10.0
+# How often the judge's process hands the interpreter from one thread to another (Python's
+# default is 5 ms). A conversation's thread that wakes for a worker's message while another
+# thread of the judge computes in Python waits for the interpreter up to that long, and the
+# judge's clock reads the message late by as much: with one such thread, an honest 0.2-ms call
+# looked 5.2 ms longer than its device time (the median of 150), past the host allowance, and
+# 0.65 ms longer at 0.5 ms (a CPU host, stand-in worker).
+_SWITCH_INTERVAL_S = 0.0005
 
 
 @dataclass(frozen=True)
@@ -108,10 +118,26 @@ class JudgeSettings:
     # rebuilt when needed again). An MHA backward d128 task's references take 1.6 GB (4 stages
     # x dQ, dK, dV in float32); the GEMM's tool inputs 256 MB.
     state_budget_bytes: int = 16 << 30
-    # Timed calls whose outputs are checked, chosen at random. The latency is a median, so a
-    # kernel that is fast by skipping work must skip it in most timed calls: each check then
-    # catches it with probability above 1/2, and three with probability above 7/8.
+    # Timed calls whose outputs are checked, chosen at random by the judge and told to the
+    # worker only once each call is over. The latency is a median, so a kernel that is fast by
+    # skipping work must skip it in most timed calls: each check then catches it with
+    # probability above 1/2, and three with probability above 7/8.
     timed_checks: int = 3
+    # How much longer than the claimed device time the timed calls may take on the judge's own
+    # clock, from the worker's word before each call to its word after it (both latencies the
+    # mean of the trial medians): max(host_allowance_ms, host_allowance_ratio x claimed). The
+    # difference is the calls' host side: launches, the device synchronisation, CUPTI's
+    # switching, the two messages and the judge's reading of them. Beyond it the calls did
+    # work the device timer does not see (host code computing part of the result), or the
+    # claim was forged: RUNTIME_ERROR (ptxgym.protocol.judged_latency). With a stand-in worker
+    # on a CPU host of 2 cores, 150 calls of 0.2 ms honestly claimed were 0.03 ms longer on the
+    # judge's clock, 0.17 ms with 8 other busy processes, 0.65 ms with a thread of the judge
+    # computing without pause, and 4 ms (refused) with both at once. The floor leaves a GPU
+    # host's launches and synchronisation about 1.3 ms under load; the ratio lets a long call
+    # set up on the host for as long as it computes. A claim can be forged this much below the
+    # calls' real time (docs/security.md).
+    host_allowance_ms: float = 2.0
+    host_allowance_ratio: float = 1.0
     memcheck: bool = True
     racecheck: bool = False
     sanitizer_timeout_s: float = DEFAULT_SANITIZER_TIMEOUT_S
@@ -170,22 +196,15 @@ class _Stage:
     references: dict[str, Any] = field(default_factory=dict)
 
 
-@dataclass
+@dataclass(frozen=True)
 class _TimingPlan:
     """One workload's timed loop in one evaluation: call ``i`` runs on inputs made from
     ``seed + i`` (fresh each call, so no output can be cached by pointer or content), and the
-    outputs of the calls in ``checked`` go back to the judge, each once."""
+    outputs of the timed calls in ``checked`` go to the judge. Only the seed goes to the
+    worker: it learns that a call is checked once the call is over."""
 
     seed: int
-    checked: tuple[int, ...]
-    claimed: set[int] = field(default_factory=set)
-
-    def claim(self, call: int) -> int:
-        """``call``, if it is one of ours not seen before; a ValueError otherwise."""
-        if call not in self.checked or call in self.claimed:
-            raise ValueError(f"timed call {call} was not asked for, or sent twice")
-        self.claimed.add(call)
-        return call
+    checked: frozenset[int]
 
 
 @dataclass
@@ -283,9 +302,11 @@ class WorkerStartError(RuntimeError):
 def _receive(
     conn: Connection, timeout_s: float, arena: channel.Arena | None = None
 ) -> tuple[dict[str, Any], dict[str, Any]]:
-    if not conn.poll(timeout_s):
-        raise _Timeout
-    return channel.receive(conn, arena)
+    """The next message, whole within ``timeout_s`` (else _Timeout)."""
+    try:
+        return channel.receive(conn, arena, timeout_s)
+    except channel.ChannelTimeout:
+        raise _Timeout from None
 
 
 class Judge:
@@ -297,6 +318,8 @@ class Judge:
         self.torch = torch
         self.device = device
         self.settings = settings
+        # The process is the judge's own (gpu_evaluator, judge_server): the setting is its.
+        sys.setswitchinterval(_SWITCH_INTERVAL_S)
         with shared_gpu(device):  # a context made beside a timing moves it (ptxgym.gpu_lock)
             make_context(device)
             self.timer = Timer()
@@ -592,182 +615,29 @@ class Judge:
         stages: dict[str, float],
     ) -> Verdict:
         plans = {s.spec.name: self._timing_plan() for s in states}
-        job = {
-            "task": task.model_dump(mode="json"),
-            "library": library,
-            "warmup": self.settings.warmup,
-            "iters": self.settings.iters,
-            "trials": self.settings.trials,
-            "workloads": [
-                {
-                    "name": s.spec.name,
-                    "axes": s.spec.axes,
-                    "sequences": s.spec.sequences,
-                    "checks": [
-                        {"name": st.name, "seed": st.seed, "outliers": st.outliers}
-                        for st in s.stages
-                    ],
-                    "timing": {
-                        "seed": plans[s.spec.name].seed,
-                        "checked": list(plans[s.spec.name].checked),
-                    },
-                }
-                for s in states
-            ],
-        }
+        job = _worker_job(task, _hand_library(library, worker.home), states, plans, self.settings)
         # The outputs come back through shared memory sized for the largest output set.
         arena = channel.Arena.create(max(_output_bytes(task, s.spec) for s in states))
         job["arena_bytes"] = arena.size
         try:
             channel.send(worker.conn, job)
             arena.share(worker.conn, worker.process.pid)
-            return self._converse(task, states, worker, stages, plans, arena)
+            conversation = Conversation(
+                task,
+                states,
+                plans,
+                self.settings,
+                _ReferenceChecks(self, task, states, plans),
+                worker.conn,
+                arena,
+                stages,
+                ended=lambda: _how_it_ended(worker),
+            )
+            return conversation.run()
         except (OSError, EOFError) as exc:  # the worker died before it took the arena
             return Verdict(Status.RUNTIME_ERROR, f"the process running the kernel is gone ({exc})")
         finally:
             arena.close()
-
-    def _converse(
-        self,
-        task: Task,
-        states: list[_WorkloadState],
-        worker: _Worker,
-        stages: dict[str, float],
-        plans: dict[str, _TimingPlan],
-        arena: channel.Arena,
-    ) -> Verdict:
-        """Answer the worker's messages until it is done, fails, hangs or breaks the protocol."""
-        by_name = {s.spec.name: s for s in states}
-        checks: list[CheckReport] = []
-        timings: list[WorkloadTiming] = []
-        run_started = time.perf_counter()
-        check_count = sum(len(s.stages) for s in states)  # the correctness stage's checks
-        expected_checks = check_count + sum(len(p.checked) for p in plans.values())
-        timeout = self.settings.stage_timeout_s
-        stage_name = "start"
-        try:
-            while True:
-                header, tensors = _receive(worker.conn, timeout, arena)
-                kind = header.get("kind")
-                if kind == "done":
-                    if len(checks) != expected_checks or len(timings) != len(states):
-                        return Verdict(
-                            Status.RUNTIME_ERROR,
-                            "the process running the kernel "
-                            "reported completion before every check and timing "
-                            "was done",
-                            tuple(checks),
-                        )
-                    return self._passed(checks, timings)
-                if kind == "error":
-                    status = Status(header.get("status", "RUNTIME_ERROR"))
-                    return Verdict(
-                        status, str(header.get("message", "")), tuple(checks), tuple(timings)
-                    )
-                state = by_name[str(header["workload"])]
-                if kind == "timing":
-                    latency = float(header["latency_ms"])
-                    timings.append(
-                        WorkloadTiming(
-                            state.spec.name,
-                            latency,
-                            state.baseline_ms,
-                            state.baseline_ms / max(latency, 1e-9),
-                            tuple(float(x) for x in header["trial_medians_ms"]),
-                            str(header["method"]),
-                        )
-                    )
-                    if len(timings) == len(states):
-                        stages["timing"] = (
-                            time.perf_counter() - run_started - stages.get("correctness", 0.0)
-                        )
-                    for phase, seconds in _phase_seconds(header.get("phase_seconds")).items():
-                        key = f"timing_{phase}"
-                        stages[key] = stages.get(key, 0.0) + seconds
-                    channel.send(worker.conn, {"kind": "continue"})
-                    continue
-                if kind == "check":
-                    stage = next(s for s in state.stages if s.name == header["stage"])
-                    label, references = stage.name, stage.references
-                elif kind == "timed-check":
-                    call = plans[state.spec.name].claim(int(header["call"]))
-                    label = f"timed call {call}"
-                    references = self._timed_references(
-                        task, state, plans[state.spec.name].seed + call
-                    )
-                else:
-                    raise channel.ChannelError(f"unexpected message kind {kind!r}")
-                stage_name = f"{state.spec.name}/{label}"
-                try:
-                    outputs = {n: t.to("cuda") for n, t in tensors.items()}
-                    report = check_outputs(
-                        task,
-                        label,
-                        state.spec.name,
-                        task.axis_values(state.spec),
-                        outputs,
-                        references,
-                    )
-                except self.torch.cuda.OutOfMemoryError:
-                    return Verdict(
-                        Status.RUNTIME_ERROR,
-                        f"the GPU ran out of memory while its outputs were checked "
-                        f"({stage_name}): the process running the kernel holds too much "
-                        "device memory",
-                        tuple(checks),
-                    )
-                checks.append(report)
-                modified = [str(m) for m in header.get("modified_inputs", [])]
-                if modified:
-                    return Verdict(
-                        Status.INCORRECT_NUMERICAL,
-                        f"the kernel modified its input(s) {', '.join(modified)} "
-                        f"({stage_name}); inputs are read-only",
-                        tuple(checks),
-                    )
-                if not report.ok:
-                    verdict = self._incorrect(report, tuple(checks))
-                    if kind == "timed-check":
-                        verdict = replace(
-                            verdict,
-                            message=f"{verdict.message}; the correctness stage passed, but "
-                            f"this call of the timed loop (fresh inputs) was wrong: the result "
-                            "depends on earlier calls (state kept between calls, a race, "
-                            "uninitialised memory) or on being timed",
-                        )
-                    return verdict
-                del outputs, references
-                if kind == "check" and len(checks) == check_count:
-                    stages["correctness"] = time.perf_counter() - run_started
-                channel.send(worker.conn, {"kind": "continue"})
-        except _Timeout:
-            return Verdict(
-                Status.TIMEOUT,
-                f"no progress within {timeout:.0f} s during "
-                f"{stage_name}: the kernel hangs or is far too slow",
-                tuple(checks),
-            )
-        except (EOFError, OSError, channel.ChannelError) as exc:
-            worker.process.join(timeout=5)
-            code = worker.process.exitcode
-            how = (
-                f"was killed by signal {-code}"
-                if code is not None and code < 0
-                else f"exited with code {code}"
-            )
-            detail = f" ({exc})" if isinstance(exc, channel.ChannelError) else ""
-            return Verdict(
-                Status.RUNTIME_ERROR,
-                f"the process running the kernel {how} during {stage_name}{detail}",
-                tuple(checks),
-            )
-        except (KeyError, ValueError, TypeError, StopIteration) as exc:
-            return Verdict(
-                Status.RUNTIME_ERROR,
-                f"the process running the kernel sent a malformed message during "
-                f"{stage_name} ({type(exc).__name__}: {exc})",
-                tuple(checks),
-            )
 
     def _timing_plan(self) -> _TimingPlan:
         """Fresh inputs for every call of a timed loop, from a seed of this evaluation, and
@@ -775,7 +645,7 @@ class Judge:
         first = self.settings.warmup
         timed = range(first, first + self.settings.iters * self.settings.trials)
         picks = _random.sample(timed, min(self.settings.timed_checks, len(timed)))
-        return _TimingPlan(secrets.randbits(60), tuple(sorted(picks)))
+        return _TimingPlan(secrets.randbits(60), frozenset(picks))
 
     def _timed_references(self, task: Task, state: _WorkloadState, seed: int) -> dict[str, Any]:
         """The references for one timed call's inputs (made from the judge's own seed)."""
@@ -784,26 +654,6 @@ class Judge:
         references: dict[str, Any] = reference(inputs, **task.callables.params)
         return references
 
-    def _passed(self, checks: list[CheckReport], timings: list[WorkloadTiming]) -> Verdict:
-        latency = sum(t.latency_ms for t in timings)
-        baseline = sum(t.baseline_latency_ms for t in timings)
-        return Verdict(
-            Status.PASSED,
-            f"correct on {len(checks)} checks; {latency:.4f} ms vs baseline {baseline:.4f} ms",
-            tuple(checks),
-            tuple(timings),
-        )
-
-    @staticmethod
-    def _incorrect(report: CheckReport, checks: tuple[CheckReport, ...]) -> Verdict:
-        status = {
-            "shape": Status.INCORRECT_SHAPE,
-            "dtype": Status.INCORRECT_DTYPE,
-        }.get(report.first_problem, Status.INCORRECT_NUMERICAL)
-        bad = [o for o in report.outputs if not o.ok]
-        summary = "; ".join(f"{o.name}: {o.detail}" for o in bad)
-        return Verdict(status, f"{report.workload}/{report.stage}: {summary}", checks)
-
     def close(self) -> None:
         with self._mutex:
             spares, self.spares = self.spares, []
@@ -811,6 +661,331 @@ class Judge:
             worker.kill()
         self.tool_runs.close()
         shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def _worker_job(
+    task: Task,
+    library: str,
+    states: list[_WorkloadState],
+    plans: dict[str, _TimingPlan],
+    settings: JudgeSettings,
+) -> dict[str, Any]:
+    """What a worker is told: the task, the library, the timing protocol, and each workload's
+    axes and seeds; never a reference, a baseline, or which timed calls are checked."""
+    return {
+        "task": task.model_dump(mode="json"),
+        "library": library,
+        "warmup": settings.warmup,
+        "iters": settings.iters,
+        "trials": settings.trials,
+        "workloads": [
+            {
+                "name": s.spec.name,
+                "axes": s.spec.axes,
+                "sequences": s.spec.sequences,
+                "checks": [
+                    {"name": st.name, "seed": st.seed, "outliers": st.outliers} for st in s.stages
+                ],
+                "timing": {"seed": plans[s.spec.name].seed},
+            }
+            for s in states
+        ],
+    }
+
+
+class CheckUnavailable(Exception):
+    """Outputs the judge could not check, for a reason of the candidate's making (the message
+    says which)."""
+
+
+class OutputChecks(Protocol):
+    """How a conversation checks outputs: the judge's ``_ReferenceChecks``, on the GPU, or a
+    test's own. ``outputs`` may be views of the arena, valid during the call only."""
+
+    def stage(self, workload: str, stage: str, outputs: dict[str, Any]) -> CheckReport: ...
+
+    def timed_call(self, workload: str, call: int, outputs: dict[str, Any]) -> CheckReport: ...
+
+
+class _ReferenceChecks:
+    """The judge's checks: a worker's outputs copied to the GPU and compared with the
+    references, a stage's from its workload state, a timed call's made from the judge's seed
+    for that call."""
+
+    def __init__(
+        self,
+        judge: Judge,
+        task: Task,
+        states: list[_WorkloadState],
+        plans: dict[str, _TimingPlan],
+    ) -> None:
+        self.judge = judge
+        self.task = task
+        self.states = {state.spec.name: state for state in states}
+        self.plans = plans
+
+    def stage(self, workload: str, stage: str, outputs: dict[str, Any]) -> CheckReport:
+        state = self.states[workload]
+        references = next(s.references for s in state.stages if s.name == stage)
+        return self._compare(state, stage, outputs, lambda: references)
+
+    def timed_call(self, workload: str, call: int, outputs: dict[str, Any]) -> CheckReport:
+        state = self.states[workload]
+        seed = self.plans[workload].seed + call
+        return self._compare(
+            state,
+            f"timed call {call}",
+            outputs,
+            lambda: self.judge._timed_references(self.task, state, seed),
+        )
+
+    def _compare(
+        self,
+        state: _WorkloadState,
+        label: str,
+        outputs: dict[str, Any],
+        references: Callable[[], dict[str, Any]],
+    ) -> CheckReport:
+        try:
+            on_gpu = {name: tensor.to("cuda") for name, tensor in outputs.items()}
+            axes = self.task.axis_values(state.spec)
+            return check_outputs(self.task, label, state.spec.name, axes, on_gpu, references())
+        except self.judge.torch.cuda.OutOfMemoryError:
+            raise CheckUnavailable(
+                f"the GPU ran out of memory while its outputs were checked "
+                f"({state.spec.name}/{label}): the process running the kernel holds too much "
+                "device memory"
+            ) from None
+
+
+class Conversation:
+    """The judge's side of one evaluation's conversation with its worker.
+
+    Each message is taken against the protocol's script (``ptxgym.protocol.Script``). Outputs
+    are checked (``checks``), and the arena zeroed where they lay, before the answer. Each call of
+    a timed loop is timed on the judge's own clock, the worker's timing is bounded by it
+    (``protocol.judged_latency``), and the latency is the judge's reading of the claimed call
+    times. Ends in a verdict: PASSED on ``done``, or the first failure, broken protocol
+    included. Needs no GPU itself: a test can drive it with a stand-in worker."""
+
+    def __init__(
+        self,
+        task: Task,
+        states: list[_WorkloadState],
+        plans: dict[str, _TimingPlan],
+        settings: JudgeSettings,
+        checks: OutputChecks,
+        conn: Connection,
+        arena: channel.Arena,
+        stages: dict[str, float],
+        ended: Callable[[], str],
+    ) -> None:
+        """``stages``: the evaluation's stage seconds, to which the correctness and timing
+        stages (and the timing's parts, as the worker reported them) are added. ``ended``: how
+        the worker's process ended, once its end of the channel is closed."""
+        self.settings = settings
+        self.checks = checks
+        self.conn = conn
+        self.arena = arena
+        self.stages = stages
+        self.ended = ended
+        self.baselines = {state.spec.name: state.baseline_ms for state in states}
+        self.script = protocol.Script(
+            [
+                protocol.WorkloadScript(
+                    state.spec.name,
+                    tuple(stage.name for stage in state.stages),
+                    protocol.output_layouts(task, state.spec),
+                    plans[state.spec.name].checked,
+                )
+                for state in states
+            ],
+            tuple(task.definition.inputs),
+            settings.warmup,
+            settings.iters,
+            settings.trials,
+        )
+        self.reports: list[CheckReport] = []
+        self.timings: list[WorkloadTiming] = []
+        self.started = time.perf_counter()
+        # The judge's clock: when it last answered (the worker does nothing new before it has
+        # the answer); for each call of the timed loop under way, that time and the arrival of
+        # its ``calling``; and what it saw of each call that ran.
+        self.answered = self.started
+        self.calling: dict[int, tuple[float, float]] = {}
+        self.clocks: dict[int, protocol.CallClock] = {}
+
+    def run(self) -> Verdict:
+        """Take the worker's messages until it is done, fails, hangs or breaks the protocol."""
+        timeout = self.settings.stage_timeout_s
+        due = self.script.due
+        try:
+            while True:
+                due = self.script.due
+                header, tensors = _receive(self.conn, timeout, self.arena)
+                arrived = time.perf_counter()
+                message = self.script.accept(header, tensors)
+                if isinstance(message, protocol.WorkerError):
+                    return self._verdict(Status.RUNTIME_ERROR, message.message)
+                verdict = self._take(message, arrived)
+                if verdict is not None:
+                    return verdict
+        except _Timeout:
+            return self._verdict(
+                Status.TIMEOUT,
+                f"no progress within {timeout:.0f} s during {due.where}: the kernel hangs or is "
+                "far too slow",
+            )
+        except (protocol.ProtocolError, channel.ChannelError) as exc:
+            return self._verdict(
+                Status.RUNTIME_ERROR,
+                f"the process running the kernel broke the judge's protocol when {due} was "
+                f"due: {exc}",
+            )
+        except (EOFError, OSError):
+            return self._verdict(
+                Status.RUNTIME_ERROR,
+                f"the process running the kernel {self.ended()} during {due.where}",
+            )
+        except (CheckUnavailable, protocol.TimingDisagreement) as exc:
+            return self._verdict(Status.RUNTIME_ERROR, str(exc))
+
+    def _take(self, message: protocol.Message, arrived: float) -> Verdict | None:
+        """Act on a message the script took, and answer it when it wants an answer; a verdict
+        when the evaluation ends there."""
+        due = message.due
+        if due.kind == protocol.CALLING:
+            self.calling[due.call] = (self.answered, arrived)
+            return None
+        if due.kind == protocol.RAN:
+            since, called = self.calling.pop(due.call)
+            self.clocks[due.call] = protocol.CallClock(
+                (arrived - since) * 1e3, (arrived - called) * 1e3
+            )
+            # The script knows whether this call's outputs are due next.
+            self._answer("keep" if self.script.due.kind == protocol.TIMED_CHECK else "next")
+            return None
+        if due.kind == protocol.CHECK:
+            return self._check(message, self.checks.stage(due.workload, due.stage, message.outputs))
+        if due.kind == protocol.TIMED_CHECK:
+            report = self.checks.timed_call(due.workload, due.call, message.outputs)
+            return self._check(message, report)
+        if due.kind == protocol.TIMING:
+            self._timing(message)
+            return None
+        return _passed(self.reports, self.timings)
+
+    def _check(self, message: protocol.Message, report: CheckReport) -> Verdict | None:
+        """Judge one checked call, its outputs copied out and compared (``report``)."""
+        # Nothing of the outputs may stay where the worker could name it again.
+        self.arena.wipe()
+        self.reports.append(report)
+        where = message.due.where
+        if message.modified_inputs:
+            return self._verdict(
+                Status.INCORRECT_NUMERICAL,
+                f"the kernel modified its input(s) {', '.join(message.modified_inputs)} "
+                f"({where}); inputs are read-only",
+            )
+        if not report.ok:
+            verdict = _incorrect(report, tuple(self.reports))
+            if message.due.kind == protocol.TIMED_CHECK:
+                verdict = replace(
+                    verdict,
+                    message=f"{verdict.message}; the correctness stage passed, but this call "
+                    "of the timed loop (fresh inputs) was wrong: the result depends on earlier "
+                    "calls (state kept between calls, a race, uninitialised memory) or on "
+                    "being timed",
+                )
+            return verdict
+        if message.due.kind == protocol.CHECK and self.script.due.kind != protocol.CHECK:
+            self.stages["correctness"] = time.perf_counter() - self.started
+        self._answer("continue")
+        return None
+
+    def _timing(self, message: protocol.Message) -> None:
+        """Take a workload's timing, bounded by what the judge saw of its calls."""
+        workload = message.due.workload
+        first = self.settings.warmup
+        timed = range(first, first + self.script.timed_calls)
+        judged = protocol.judged_latency(
+            message.call_ms,
+            [self.clocks[call] for call in timed],
+            self.settings.iters,
+            self.settings.trials,
+            first_call=first,
+            allowance_ms=self.settings.host_allowance_ms,
+            allowance_ratio=self.settings.host_allowance_ratio,
+        )
+        self.clocks.clear()
+        baseline, latency = self.baselines[workload], judged.latency_ms
+        self.timings.append(
+            WorkloadTiming(
+                workload,
+                latency,
+                baseline,
+                baseline / latency,
+                judged.trial_medians_ms,
+                message.method,
+            )
+        )
+        if self.script.due.kind == protocol.DONE:
+            self.stages["timing"] = (
+                time.perf_counter() - self.started - self.stages.get("correctness", 0.0)
+            )
+        # What the host allowance bounds, to see how near honest calls come to it.
+        host_side = (judged.wall_latency_ms - latency) / 1e3
+        self.stages["timing_host_side"] = self.stages.get("timing_host_side", 0.0) + host_side
+        for phase, seconds in message.phase_seconds.items():
+            key = f"timing_{phase}"
+            self.stages[key] = self.stages.get(key, 0.0) + seconds
+        self._answer("continue")
+
+    def _answer(self, kind: str) -> None:
+        self.answered = time.perf_counter()
+        channel.send(self.conn, {"kind": kind})
+
+    def _verdict(self, status: Status, message: str) -> Verdict:
+        return Verdict(status, message, tuple(self.reports), tuple(self.timings))
+
+
+def _passed(checks: list[CheckReport], timings: list[WorkloadTiming]) -> Verdict:
+    latency = sum(t.latency_ms for t in timings)
+    baseline = sum(t.baseline_latency_ms for t in timings)
+    return Verdict(
+        Status.PASSED,
+        f"correct on {len(checks)} checks; {latency:.4f} ms vs baseline {baseline:.4f} ms",
+        tuple(checks),
+        tuple(timings),
+    )
+
+
+def _incorrect(report: CheckReport, checks: tuple[CheckReport, ...]) -> Verdict:
+    status = {
+        "shape": Status.INCORRECT_SHAPE,
+        "dtype": Status.INCORRECT_DTYPE,
+    }.get(report.first_problem, Status.INCORRECT_NUMERICAL)
+    bad = [o for o in report.outputs if not o.ok]
+    summary = "; ".join(f"{o.name}: {o.detail}" for o in bad)
+    return Verdict(status, f"{report.workload}/{report.stage}: {summary}", checks)
+
+
+def _how_it_ended(worker: _Worker) -> str:
+    """How the worker's process ended, its end of the channel closed (waits for it a little)."""
+    worker.process.join(timeout=5)
+    code = worker.process.exitcode
+    if code is not None and code < 0:
+        return f"was killed by signal {-code}"
+    return f"exited with code {code}"
+
+
+def _hand_library(library: str, folder: Path) -> str:
+    """A copy of the candidate's library in the worker's own folder, the only folder of
+    ptxgym's it may read (ptxgym.isolation): the cache the library was built into holds other
+    candidates' sources and libraries, the baselines and the judge's key."""
+    copy = folder / "candidate.so"
+    shutil.copyfile(library, copy)
+    return str(copy)
 
 
 def _output_bytes(task: Task, workload: WorkloadSpec) -> int:
@@ -824,18 +999,6 @@ def _output_bytes(task: Task, workload: WorkloadSpec) -> int:
             for spec in task.definition.outputs.values()
         ]
     )
-
-
-def _phase_seconds(value: object) -> dict[str, float]:
-    """The timing's parts as the worker reported them (``TimingResult.phase_seconds``), for the
-    stage breakdown; anything else it sent there is ignored (nothing is judged on it)."""
-    if not isinstance(value, dict):
-        return {}
-    return {
-        phase: float(value[phase])
-        for phase in TIMING_PHASES
-        if isinstance(value.get(phase), int | float)
-    }
 
 
 def _with_memory_errors(verdict: Verdict, reports: tuple[SanitizerReport, ...]) -> Verdict:

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ptxgym import paths
-from ptxgym.isolation import python_environment, restrict_writes, seal
+from ptxgym.isolation import python_environment, restrict_files, seal
 from ptxgym.processes import ProcessGroup, wait_for_word
 from ptxgym.sass import family_present
 from ptxgym.single_call import CallJob, PendingCall, call_seconds
@@ -346,9 +346,10 @@ def main(argv: list[str]) -> int:
     import ncu_report  # noqa: F401 (the slow part of the start-up, done before the word)
 
     if arguments.when is not None:
-        # The report is untrusted data (the profiled candidate shaped it): its reader writes
-        # only in its own folder and starts nothing (ptxgym.isolation).
-        restrict_writes(Path.cwd())
+        # The report is untrusted data (the profiled candidate shaped it): its reader reads and
+        # writes only in its own folder (and the system's files) and starts nothing
+        # (ptxgym.isolation).
+        restrict_files(Path.cwd())
         seal(network=False)
         if not wait_for_word(arguments.when, arguments.judge):
             return EXIT_NOT_WANTED

@@ -194,7 +194,9 @@ def _evaluation_section(task: Task) -> str:
             "device time of all work your call launches on any stream, L2 flushed before each "
             "call, fresh inputs for every call; the outputs of a few timed calls, chosen at "
             "random, are checked like the trials. The library baseline is timed the same way; "
-            "speedup = baseline time / your time.",
+            "speedup = baseline time / your time. Host work inside your call is not device "
+            "time: a call whose wall time exceeds its device time by more than max(2 ms, the "
+            "device time) is a RUNTIME_ERROR.",
             "5. The instruction profile above, for correct kernels.",
             "",
             "Statuses: FORMAT_ERROR, POLICY_VIOLATION, COMPILE_ERROR, RUNTIME_ERROR, TIMEOUT, "

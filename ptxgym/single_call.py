@@ -46,7 +46,13 @@ from ptxgym.gpu_lock import (
     startup_hold,
 )
 from ptxgym.gpus import initialize_driver, physical_device
-from ptxgym.isolation import limit_resources, python_environment, restrict_writes, seal
+from ptxgym.isolation import (
+    limit_resources,
+    python_environment,
+    readable_paths,
+    restrict_files,
+    seal,
+)
 from ptxgym.processes import POLL_S, ProcessGroup, wait_for_word
 from ptxgym.tasks import Task
 from ptxgym.timing import seconds_into
@@ -93,12 +99,13 @@ class CallJob:
     # Each input's bytes, made with the task's trusted generator (ptxgym.worker.host_bytes).
     inputs: Mapping[str, NDArray[numpy.uint8]]
 
-    def to_json(self, input_files: Mapping[str, str]) -> str:
-        """The job as the program reads it, its inputs in ``input_files`` (name: path)."""
+    def to_json(self, input_files: Mapping[str, str], library: str) -> str:
+        """The job as the program reads it, its inputs in ``input_files`` (name: path) and the
+        candidate's library at ``library``."""
         return json.dumps(
             {
                 "task": self.task.model_dump(mode="json"),
-                "library": self.library,
+                "library": library,
                 "workload": dict(self.workload),
                 "inputs": dict(input_files),
             }
@@ -170,8 +177,12 @@ class PendingCall:
             path = self.folder / f"input-{index}.bin"
             path.write_bytes(data.data)
             files[name] = str(path)
+        # A copy in the folder: the program may read nothing of the cache the library lives in
+        # (other candidates' libraries and sources; ptxgym.isolation).
+        library = self.folder / "candidate.so"
+        shutil.copyfile(job.library, library)
         # Complete before the word: the program reads it then.
-        self._job.write_text(job.to_json(files))
+        self._job.write_text(job.to_json(files, str(library)))
         self._go.touch()
 
     def wait_until_gpu_taken(self, timeout_s: float) -> None:
@@ -199,6 +210,10 @@ class PendingCall:
         shutil.rmtree(self.folder, ignore_errors=True)
 
 
+# The spec's lock files, which the program takes after its files are confined.
+_LOCK_FILES = ("gpu_lock", "startup_lock", "profiler_lock")
+
+
 def run_job(spec_path: str) -> int:
     """Start up, wait for the word and the job, then copy the inputs and call the candidate."""
     # A printf flood ends this process instead of filling the disk (as in the worker).
@@ -221,8 +236,11 @@ def run_job(spec_path: str) -> int:
         cuda = DriverContext()  # the run sees only its GPU (CUDA_VISIBLE_DEVICES)
     # The tools talk to this process over sockets, so those stay; the rest of the filter holds.
     seal(network=True)
-    # Writes only in this call's folder from here on (the tool's own processes write the report).
-    restrict_writes(Path.cwd())
+    # Writes only in this call's folder, reads only of it, the system's, Python's and CUDA's
+    # files and the lock files the spec names (the judge's lock folder, whatever this
+    # process's environment says) from here on (the tool's own processes write the report).
+    locks = [Path(spec[name]).parent for name in _LOCK_FILES if spec[name]]
+    restrict_files(Path.cwd(), [*readable_paths(), *locks])
     with seconds_into(seconds, "ready"):  # about 0 when the word came before the start-up was done
         if not wait_for_word(Path(spec["go"]), int(spec["judge_pid"]), stop=Path(spec["stop"])):
             return EXIT_NOT_WANTED

@@ -3,13 +3,18 @@
 Used the same way for candidates (in the worker) and baselines (in the judge), so the two are
 comparable. Before every timed call, outside the measured window: the caller's ``prepare`` (poison
 outputs, pick the input set), an L2 flush (a write over twice the L2 size), and a reset of the
-persisting-L2 carve-out. The call is bracketed by CUPTI timestamps; its device time is the span
+persisting-L2 carve-out. The caller may also be told, outside the window too, when each call
+(warm-up included) is about to start and when it is over, the device synchronised
+(``before``/``after``: the worker reports each call to the judge, which times it from outside).
+The call is bracketed by CUPTI timestamps; its device time is the span
 from the first start to the last end of the kernels, copies and memsets whose launching API call
 (runtime or driver, any thread) fell inside the bracket. API calls are recorded only around the
 calls: the preparations between them make about 20,000 per measurement, whose reading took
 0.8 s on the H200, while the GPU was held alone. Without CUPTI, the fallback is host
 wall time from just before the call to the end of a device-wide synchronisation, which includes
-launch overhead; the record says which method measured it.
+launch overhead; the record says which method measured it. The latency is the mean of the
+per-trial medians of the calls' times (``latency_of``), the judge's formula for what a worker
+claims as well.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ from __future__ import annotations
 import bisect
 import statistics
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,22 +31,39 @@ WARMUP_CALLS = 10
 TIMED_CALLS = 50
 TRIALS = 3
 # The parts of a measurement's host time (``TimingResult.phase_seconds``).
-TIMING_PHASES = ("prepare", "flush", "calls", "cupti")
+TIMING_PHASES = ("prepare", "flush", "calls", "messages", "cupti")
+# How a measurement timed the calls (``TimingResult.method``): CUPTI's device records, or the
+# host's clock up to a device-wide synchronisation.
+TIMING_METHODS = ("cupti", "host-sync")
 
 
 @dataclass(frozen=True)
 class TimingResult:
-    """Medians per trial and their mean, in milliseconds."""
+    """Every timed call's time, the medians per trial and their mean, in milliseconds."""
 
     method: str
+    call_ms: tuple[float, ...]
     trial_medians_ms: tuple[float, ...]
     latency_ms: float
-    calls: int
     persisting_l2_reset: bool
     # Host seconds of the whole measurement by part, for the stage breakdown (nothing is judged
-    # on them): ``prepare`` (the caller's), ``flush`` (L2), ``calls`` (the call and the
-    # synchronisation after it), ``cupti`` (starting, flushing and reading the activity).
+    # on them): ``prepare`` (the caller's, and the warm-up calls), ``flush`` (L2), ``calls``
+    # (the call and the synchronisation after it), ``messages`` (the caller's ``before`` and
+    # ``after``), ``cupti`` (starting, flushing and reading the activity).
     phase_seconds: dict[str, float] = field(default_factory=dict)
+
+
+def latency_of(
+    call_ms: Sequence[float], iters: int, trials: int
+) -> tuple[tuple[float, ...], float]:
+    """The median of each trial's ``iters`` consecutive calls, and the latency: their mean.
+
+    One formula for every latency: the worker's and the baseline's measurements, and the
+    judge's own reading of what a worker claims and of what it saw from outside."""
+    if len(call_ms) != iters * trials:
+        raise ValueError(f"{len(call_ms)} call times for {trials} trials of {iters} calls")
+    medians = tuple(statistics.median(call_ms[t * iters : (t + 1) * iters]) for t in range(trials))
+    return medians, statistics.fmean(medians)
 
 
 @dataclass(frozen=True)
@@ -206,29 +228,37 @@ class Timer:
         warmup: int = WARMUP_CALLS,
         iters: int = TIMED_CALLS,
         trials: int = TRIALS,
+        before: Callable[[int], None] | None = None,
+        after: Callable[[int], None] | None = None,
     ) -> TimingResult:
-        """Time ``call(i)`` ``iters`` times per trial after ``warmup`` untimed calls."""
+        """Time ``call(i)`` ``iters`` times per trial after ``warmup`` untimed calls.
+
+        ``before(i)``, when given, runs right before call ``i`` (its preparation and the L2
+        flush done, the device synchronised), and ``after(i)`` right after it, the device
+        synchronised; both for the warm-up calls too, and neither inside the measured window."""
         torch = self.torch
         self._phases = dict.fromkeys(TIMING_PHASES, 0.0)
-        index = 0
-        with self._phase("prepare"):
-            for _ in range(warmup):
+        hooks = _Hooks(before, after, self._phases)
+        for index in range(warmup):
+            with self._phase("prepare"):
                 prepare(index)
                 # The call may run on a stream of its own: order it after the preparation.
                 torch.cuda.synchronize()
+            hooks.before(index)
+            with self._phase("prepare"):
                 call(index)
-                index += 1
-            torch.cuda.synchronize()
+                torch.cuda.synchronize()
+            hooks.after(index)
         if self.cupti is None:
-            times, reset_ok = self._timed_by_host(call, prepare, index, trials * iters)
+            times, reset_ok = self._timed_by_host(call, prepare, hooks, warmup, trials * iters)
         else:
-            times, reset_ok = self._timed_by_cupti(call, prepare, index, trials * iters)
-        medians = [statistics.median(times[t * iters : (t + 1) * iters]) for t in range(trials)]
+            times, reset_ok = self._timed_by_cupti(call, prepare, hooks, warmup, trials * iters)
+        medians, latency = latency_of(times, iters, trials)
         return TimingResult(
             method="cupti" if self.cupti is not None else "host-sync",
-            trial_medians_ms=tuple(medians),
-            latency_ms=statistics.fmean(medians),
-            calls=trials * iters,
+            call_ms=tuple(times),
+            trial_medians_ms=medians,
+            latency_ms=latency,
             persisting_l2_reset=reset_ok,
             phase_seconds=dict(self._phases),
         )
@@ -237,7 +267,12 @@ class Timer:
         return seconds_into(self._phases, name)
 
     def _timed_by_host(
-        self, call: Callable[[int], None], prepare: Callable[[int], None], first: int, count: int
+        self,
+        call: Callable[[int], None],
+        prepare: Callable[[int], None],
+        hooks: _Hooks,
+        first: int,
+        count: int,
     ) -> tuple[list[float], bool]:
         """``count`` calls from index ``first``, each timed on the host up to a device-wide
         synchronisation (the fallback without CUPTI)."""
@@ -245,15 +280,22 @@ class Timer:
         times = []
         for i in range(first, first + count):
             reset_ok = self._prepare(prepare, i) and reset_ok
+            hooks.before(i)
             with self._phase("calls"):
                 started = time.perf_counter()
                 call(i)
                 self.torch.cuda.synchronize()
                 times.append((time.perf_counter() - started) * 1e3)
+            hooks.after(i)
         return times, reset_ok
 
     def _timed_by_cupti(
-        self, call: Callable[[int], None], prepare: Callable[[int], None], first: int, count: int
+        self,
+        call: Callable[[int], None],
+        prepare: Callable[[int], None],
+        hooks: _Hooks,
+        first: int,
+        count: int,
     ) -> tuple[list[float], bool]:
         """``count`` calls from index ``first``, each bracketed by CUPTI timestamps: device work
         recorded over all of them, API calls only inside the brackets, and the records read once
@@ -266,6 +308,7 @@ class Timer:
         try:
             for i in range(first, first + count):
                 reset_ok = self._prepare(prepare, i) and reset_ok
+                hooks.before(i)
                 with self._phase("calls"):
                     with self.cupti.recording_api():
                         begin = self.cupti.timestamp()
@@ -273,6 +316,7 @@ class Timer:
                         end = self.cupti.timestamp()
                     self.torch.cuda.synchronize()
                 brackets.append((begin, end))
+                hooks.after(i)
         finally:
             with self._phase("cupti"):
                 self.cupti.stop()
@@ -287,6 +331,26 @@ class Timer:
             reset_ok = self._reset_l2()
             self.torch.cuda.synchronize()
         return reset_ok
+
+
+@dataclass(frozen=True)
+class _Hooks:
+    """The caller's ``before`` and ``after`` (each optional), their time added to the
+    ``messages`` phase of ``phases``."""
+
+    run_before: Callable[[int], None] | None
+    run_after: Callable[[int], None] | None
+    phases: dict[str, float]
+
+    def before(self, index: int) -> None:
+        if self.run_before is not None:
+            with seconds_into(self.phases, "messages"):
+                self.run_before(index)
+
+    def after(self, index: int) -> None:
+        if self.run_after is not None:
+            with seconds_into(self.phases, "messages"):
+                self.run_after(index)
 
 
 def _cuda_runtime() -> Any:

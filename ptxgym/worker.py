@@ -4,8 +4,10 @@ A worker serves exactly one evaluation and exits; a fresh one is started for the
 (static caches, a corrupted CUDA context, threads left running) survives from one candidate to
 another. It never receives reference outputs or baseline timings: it generates the inputs itself
 from the seeds it is given, with the task's trusted input generator, and sends the outputs back to
-the judge, which holds the references. Its stdout and stderr go to a log file the judge reads
-after a crash.
+the judge, which holds the references. It speaks the judge's protocol (``ptxgym.protocol``): the
+outputs of each correctness stage; in the timed loop a word before and after every call, the
+outputs of the calls the judge keeps (told only once each call is over), and every timed call's
+device time; then ``done``. Its stdout and stderr go to a log file the judge reads after a crash.
 """
 
 from __future__ import annotations
@@ -180,15 +182,17 @@ def worker_main(
     try:
         _serve(conn, job, timer, arena)
     except Exception as exc:  # the candidate broke the CUDA context, or raised through ctypes
-        channel.send(
-            conn, {"kind": "error", "status": "RUNTIME_ERROR", "message": _first_line(exc)}
-        )
+        channel.send(conn, {"kind": "error", "message": _first_line(exc)})
     conn.close()
 
 
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[0] if text else ''}"
+
+
+class _EntryPointFailed(Exception):
+    """The candidate's entry point returned an error code: the worker says so and stops."""
 
 
 def _serve(
@@ -199,46 +203,52 @@ def _serve(
     task = Task.model_validate(job["task"])
     entry = Entry(job["library"], task)
     stream = torch.cuda.Stream()
-    for workload in job["workloads"]:
-        axes = {**task.definition.const_axes, **workload["axes"]}
-        for stage in workload["checks"]:
-            inputs = make_inputs(task, workload, stage["seed"], stage["outliers"])
-            pristine = {name: tensor.clone() for name, tensor in inputs.items()}
-            outputs = allocate_outputs(task, axes)
-            torch.cuda.synchronize()
-            with torch.cuda.stream(stream):
-                code = entry(inputs, outputs, axes, stream.cuda_stream)
-            torch.cuda.synchronize()
-            if code != 0:
+    try:
+        for workload in job["workloads"]:
+            axes = {**task.definition.const_axes, **workload["axes"]}
+            for stage in workload["checks"]:
+                inputs = make_inputs(task, workload, stage["seed"], stage["outliers"])
+                pristine = {name: tensor.clone() for name, tensor in inputs.items()}
+                outputs = allocate_outputs(task, axes)
+                torch.cuda.synchronize()
+                with torch.cuda.stream(stream):
+                    code = entry(inputs, outputs, axes, stream.cuda_stream)
+                torch.cuda.synchronize()
+                _succeeded(code, "")
+                modified = [n for n in inputs if not torch.equal(inputs[n], pristine[n])]
                 channel.send(
                     conn,
                     {
-                        "kind": "error",
-                        "status": "RUNTIME_ERROR",
-                        "message": f"the entry point returned {code} ({error_name(code)})",
+                        "kind": "check",
+                        "workload": workload["name"],
+                        "stage": stage["name"],
+                        "modified_inputs": modified,
                     },
+                    outputs,
+                    arena,
                 )
-                return
-            modified = [n for n in inputs if not torch.equal(inputs[n], pristine[n])]
-            channel.send(
-                conn,
-                {
-                    "kind": "check",
-                    "workload": workload["name"],
-                    "stage": stage["name"],
-                    "modified_inputs": modified,
-                },
-                outputs,
-                arena,
-            )
-            del inputs, pristine, outputs
-            if channel.receive(conn)[0].get("kind") != "continue":
-                return
-    for workload in job["workloads"]:
-        _time_workload(conn, task, entry, workload, job, timer, stream, arena)
-        if channel.receive(conn)[0].get("kind") != "continue":
-            return
-    channel.send(conn, {"kind": "done"})
+                del inputs, pristine, outputs
+                _judges_answer(conn, "continue")
+        for workload in job["workloads"]:
+            _time_workload(conn, task, entry, workload, job, timer, stream, arena)
+    except _EntryPointFailed as failure:
+        channel.send(conn, {"kind": "error", "message": str(failure)})
+    else:
+        channel.send(conn, {"kind": "done"})
+
+
+def _succeeded(code: int, when: str) -> None:
+    """Nothing if the entry point returned 0; an _EntryPointFailed naming the code otherwise."""
+    if code != 0:
+        raise _EntryPointFailed(f"the entry point returned {code} ({error_name(code)}){when}")
+
+
+def _judges_answer(conn: Connection, *kinds: str) -> str:
+    """The judge's answer to the message just sent, which must be one of ``kinds``."""
+    kind = channel.receive(conn)[0].get("kind")
+    if kind not in kinds:
+        raise channel.ChannelError(f"the judge answered {kind!r}, expected one of {kinds}")
+    return str(kind)
 
 
 def _time_workload(
@@ -251,29 +261,22 @@ def _time_workload(
     stream: Any,
     arena: channel.Arena | None,
 ) -> None:
-    """Time the candidate on fresh inputs for every call, then send the outputs of the calls
-    the judge asked to check, and the timing."""
+    """Time the candidate on fresh inputs for every call. Outside the measured window, each call
+    is reported to the judge right before it starts and once it is over; the judge answers the
+    second with ``keep`` for a call whose outputs it checks, and they go to it at once. Then the
+    timing: every timed call's device time."""
     import torch
 
+    name = workload["name"]
     axes = {**task.definition.const_axes, **workload["axes"]}
-    plan = workload["timing"]
-    base_seed = int(plan["seed"])
-    checked = {int(call) for call in plan["checked"]}
+    base_seed = int(workload["timing"]["seed"])
     outputs = allocate_outputs(task, axes)
     current: dict[str, dict[str, torch.Tensor]] = {}
-    kept: dict[int, dict[str, torch.Tensor]] = {}
     codes: list[int] = []
 
-    def keep(call: int) -> None:
-        if call in checked:
-            kept[call] = {name: tensor.clone() for name, tensor in outputs.items()}
-
     def prepare(i: int) -> None:
-        # Outside the measured window: the previous call must be over (its inputs are about to
-        # be freed, its outputs poisoned), and its outputs kept if they are to be checked.
-        torch.cuda.synchronize()
-        if i > 0:
-            keep(i - 1)
+        # The timer synchronised the device after the previous call: its inputs may be freed
+        # and its outputs poisoned.
         current["inputs"] = make_inputs(task, workload, base_seed + i, False)
         poison(outputs)
 
@@ -281,38 +284,35 @@ def _time_workload(
         with torch.cuda.stream(stream):
             codes.append(entry(current["inputs"], outputs, axes, stream.cuda_stream))
 
+    def before(i: int) -> None:
+        channel.send(conn, {"kind": "calling", "workload": name, "call": i})
+
+    def after(i: int) -> None:
+        _succeeded(codes[-1], " while being timed")
+        channel.send(conn, {"kind": "ran", "workload": name, "call": i})
+        if _judges_answer(conn, "keep", "next") == "keep":
+            header = {"kind": "timed-check", "workload": name, "call": i}
+            channel.send(conn, header, outputs, arena)
+            _judges_answer(conn, "continue")
+
     result = timer.measure(
-        call, prepare, warmup=job["warmup"], iters=job["iters"], trials=job["trials"]
+        call,
+        prepare,
+        warmup=job["warmup"],
+        iters=job["iters"],
+        trials=job["trials"],
+        before=before,
+        after=after,
     )
-    torch.cuda.synchronize()
-    keep(len(codes) - 1)
-    failed = [c for c in codes if c != 0]
-    if failed:
-        channel.send(
-            conn,
-            {
-                "kind": "error",
-                "status": "RUNTIME_ERROR",
-                "message": f"the entry point returned {failed[0]} "
-                f"({error_name(failed[0])}) while being timed",
-            },
-        )
-        return
     del current["inputs"]
-    for index in sorted(kept):
-        header = {"kind": "timed-check", "workload": workload["name"], "call": index}
-        channel.send(conn, header, kept[index], arena)
-        if channel.receive(conn)[0].get("kind") != "continue":
-            return
     channel.send(
         conn,
         {
             "kind": "timing",
-            "workload": workload["name"],
+            "workload": name,
             "method": result.method,
-            "trial_medians_ms": list(result.trial_medians_ms),
-            "latency_ms": result.latency_ms,
-            "persisting_l2_reset": result.persisting_l2_reset,
+            "call_ms": list(result.call_ms),
             "phase_seconds": result.phase_seconds,
         },
     )
+    _judges_answer(conn, "continue")

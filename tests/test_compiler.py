@@ -1,4 +1,5 @@
-"""nvcc builds: success and inspection, trimmed errors, cache hits, concurrency, timeouts."""
+"""nvcc builds: success and inspection, the rebuilt log, cache hits and what the cache keeps,
+concurrency, timeouts."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from ptxgym import paths
+from ptxgym import compiler, paths
 from ptxgym.compiler import COMPILER_NICENESS, build_source, compile_source
 from ptxgym.evaluator import CompileOnlyEvaluator
 from ptxgym.outcome import Status
@@ -238,3 +239,50 @@ def test_cccl_headers_keep_their_bf16_support() -> None:
     )
     result = compile_source(source, GEMM)
     assert result.ok, result.log
+
+
+def test_a_submission_diagnostic_quotes_our_line_with_the_compilers_column() -> None:
+    source = HEADER + "int before = 1;\n#warning look here\n" + SIGNATURE + " { return 0; }\n"
+    result = compile_source(source, GEMM)
+    assert result.ok, result.log
+    block = "candidate.cu(4): warning: #warning look here [-Wcpp]\n  #warning look here\n   ^"
+    assert block in result.warnings
+
+
+def test_a_multiple_definition_names_the_symbol() -> None:
+    # The static CUDA runtime defines it too: the link fails, and says on what.
+    source = HEADER + (
+        'extern "C" cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t a, cudaEvent_t b) '
+        "{ *ms = 0.f; return cudaSuccess; }\n"
+    )
+    result = compile_source(source + SIGNATURE + " { return 0; }\n", GEMM)
+    assert not result.ok and result.policy_violation is None
+    assert "multiple definition of 'cudaEventElapsedTime'" in result.log, result.log
+
+
+def test_the_cache_keeps_a_library_without_its_object_and_a_failure_as_its_record(
+    tmp_path: Path,
+) -> None:
+    built = compile_source(NAIVE_GEMM + "\n// kept files\n", GEMM, cache_root=tmp_path)
+    assert built.ok and built.library is not None
+    folder = Path(built.library).parent
+    assert {path.name for path in folder.iterdir()} >= {"candidate.so", "candidate.cu"}
+    assert not (folder / "candidate.o").exists() and not (folder / "intermediates").exists()
+    failed = compile_source(
+        HEADER + SIGNATURE + " { return missing; }\n", GEMM, cache_root=tmp_path
+    )
+    assert not failed.ok
+    (record,) = (tmp_path / "builds").glob(f"*/{failed.source_hash}/*")
+    assert record.name == "result.json"
+
+
+def test_the_cache_is_bounded_in_bytes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    builds = tmp_path / "builds"
+    for age, name in enumerate(["old", "middle", "new"]):
+        entry = builds / name[:2] / name
+        entry.mkdir(parents=True)
+        (entry / "candidate.so").write_bytes(b"\0" * 1000)
+        os.utime(entry, (1000 + age, 1000 + age))
+    monkeypatch.setattr(compiler, "MAX_CACHED_BYTES", 2500)
+    compiler._prune(builds)
+    assert sorted(path.name for path in builds.glob("*/*")) == ["middle", "new"]

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+import os
+import time
 from multiprocessing.connection import Connection
 
 import pytest
@@ -99,6 +101,16 @@ def test_channel_round_trip_keeps_dtype_shape_and_bits() -> None:
         ],
         [b'{"kind": "check", "tensors": "many"}'],
         [b"\x80\x04\x95pickle"],
+        # Shapes torch would refuse with errors of its own, or take for others.
+        [
+            b'{"kind": "check", "tensors": [{"name": "x", "dtype": "float32", "shape": '
+            b"[0, 9223372036854775813]}]}",
+            b"",
+        ],
+        [b'{"kind": "check", "tensors": [{"name": "x", "dtype": "float32", "shape": [1.5]}]}'],
+        [b'{"kind": "check", "tensors": [{"name": "x", "dtype": "float32", "shape": [true]}]}'],
+        [b'{"kind": "check", "tensors": [{"name": "x", "dtype": "float32", "shape": "4"}]}'],
+        [b'{"kind": "check", "tensors": [5]}'],
     ],
 )
 def test_channel_rejects_malformed_messages(frames: list[bytes]) -> None:
@@ -156,6 +168,7 @@ def test_a_message_too_big_for_the_arena_is_refused_by_the_sender() -> None:
         (-256, "bad arena offset"),
         (3, "bad arena offset"),
         ("0", "bad arena offset"),
+        (False, "bad arena offset"),
         (512, "pass the arena's end"),
         (1 << 40, "pass the arena's end"),
     ],
@@ -176,3 +189,82 @@ def test_an_arena_offset_without_an_arena_is_refused() -> None:
     left.send_bytes(json.dumps({"kind": "check", "tensors": [item]}).encode())
     with pytest.raises(channel.ChannelError, match="no arena"):
         channel.receive(right)
+
+
+def test_a_wipe_zeroes_what_was_read_and_nothing_else() -> None:
+    # The judge wipes what it read before it answers: a later message naming the same offsets
+    # without writing them finds zeros, not outputs it could pass off as new.
+    arena = channel.Arena.create(channel.arena_bytes([512, 512, 512]))
+    assert arena.buffer is not None
+    left, right = multiprocessing.Pipe()
+    outputs = {"O": torch.full((128,), 1.0), "LSE": torch.full((128,), 2.0)}
+    channel.send(left, {"kind": "check"}, outputs, arena)
+    arena.buffer[1024:1032] = b"\x07" * 8  # beyond the message's tensors
+    _, tensors = channel.receive(right, arena)
+    copies = {name: tensor.clone() for name, tensor in tensors.items()}
+    del tensors
+    assert arena.read_extents == [(0, 512), (512, 512)]
+    arena.wipe()
+    assert not any(arena.buffer[:1024]) and arena.buffer[1024:1032] == b"\x07" * 8
+    assert arena.read_extents == []
+    assert bool((copies["O"] == 1.0).all()) and bool((copies["LSE"] == 2.0).all())
+    arena.close()
+
+
+@pytest.mark.parametrize("offsets", [{"O": 0, "LSE": 256}, {"LSE": 512, "O": 256}])
+def test_tensors_that_overlap_in_the_arena_are_refused(offsets: dict[str, int]) -> None:
+    arena = channel.Arena.create(channel.arena_bytes([512, 512]))
+    left, right = multiprocessing.Pipe()
+    items = [
+        {"name": name, "dtype": "float32", "shape": [128], "offset": offset}
+        for name, offset in offsets.items()
+    ]
+    left.send_bytes(json.dumps({"kind": "check", "tensors": items}).encode())
+    with pytest.raises(channel.ChannelError, match="overlaps another tensor"):
+        channel.receive(right, arena)
+    arena.close()
+
+
+def test_a_tensor_described_twice_is_refused() -> None:
+    arena = channel.Arena.create(channel.arena_bytes([512, 512]))
+    left, right = multiprocessing.Pipe()
+    items = [
+        {"name": "O", "dtype": "float32", "shape": [128], "offset": offset} for offset in (0, 512)
+    ]
+    left.send_bytes(json.dumps({"kind": "check", "tensors": items}).encode())
+    with pytest.raises(channel.ChannelError, match="described twice"):
+        channel.receive(right, arena)
+    arena.close()
+
+
+def test_a_message_that_stops_within_itself_times_out() -> None:
+    left, right = multiprocessing.Pipe()
+    left.send_bytes(
+        b'{"kind": "check", "tensors": [{"name": "x", "dtype": "float32", "shape": [4]}]}'
+    )
+    os.write(left.fileno(), (16).to_bytes(4, "big") + b"\x00" * 8)  # half the frame
+    started = time.monotonic()
+    with pytest.raises(channel.ChannelTimeout):
+        channel.receive(right, timeout_s=0.3)
+    assert 0.3 <= time.monotonic() - started < 5
+    _silent, listening = multiprocessing.Pipe()  # and a message that never began
+    with pytest.raises(channel.ChannelTimeout):
+        channel.receive(listening, timeout_s=0.1)
+
+
+def test_with_an_arena_every_tensor_must_lie_in_it() -> None:
+    # Else a frame the sender never sends would be waited for.
+    arena = channel.Arena.create(channel.arena_bytes([16]))
+    left, right = multiprocessing.Pipe()
+    channel.send(left, {"kind": "check"}, {"O": torch.zeros(4)})  # as frames, not in the arena
+    with pytest.raises(channel.ChannelError, match="'O' is not in the arena"):
+        channel.receive(right, arena)
+    arena.close()
+
+
+def test_a_closed_channel_is_an_end_of_file_even_within_a_message() -> None:
+    left, right = multiprocessing.Pipe()
+    os.write(left.fileno(), (64).to_bytes(4, "big") + b"{")
+    left.close()
+    with pytest.raises(EOFError):
+        channel.receive(right, timeout_s=5)

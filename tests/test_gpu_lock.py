@@ -319,7 +319,9 @@ def test_a_profile_run_loads_and_calls_the_candidate_in_its_turn_without_torch(
     assert spec["profiler_lock"] == str(profiler_lock_path())
     task = get_task("PTX-H100-GEMM")
     inputs = {name: numpy.full(4, index, numpy.uint8) for index, name in enumerate("AB")}
-    profile_run.hand_over(CallJob(task, "candidate.so", task.workloads[0].payload(), inputs))
+    library = tmp_path / "x.so"
+    library.write_bytes(b"a stand-in library")
+    profile_run.hand_over(CallJob(task, str(library), task.workloads[0].payload(), inputs))
 
     arguments = [str(profile_run.folder / "spec.json"), __file__, spec["profiler_lock"]]
     try:

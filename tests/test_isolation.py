@@ -221,11 +221,13 @@ print("locked")
 
 
 def test_a_confined_process_still_takes_the_gpu_lock(tmp_path: Path) -> None:
-    # The lock lives outside the process's folder, where it may no longer write (Landlock).
+    # The lock lives in the locks' folder, outside the process's own, where it may no longer
+    # write but may still read (Landlock).
     result = subprocess.run(
         [sys.executable, "-c", _LOCK_PROBE, tmp_path / "worker", tmp_path / "locks" / "gpu.lock"],
         capture_output=True,
         text=True,
         check=False,
+        env={**os.environ, "PTXGYM_LOCK_DIR": str(tmp_path / "locks")},
     )
     assert result.returncode == 0 and result.stdout.strip() == "locked", result.stderr

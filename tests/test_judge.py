@@ -1,18 +1,38 @@
 """The judge's pieces that need no GPU: cached baselines, the worker log's tail, workers that
-cannot start, and how workers are started."""
+cannot start, how workers are started, and the worker's side of the conversation with the judge
+(its GPU stood in for)."""
 
 from __future__ import annotations
 
+import multiprocessing
+import os
 import sys
 from multiprocessing.connection import Connection
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from ptxgym import channel
 from ptxgym import judge as judge_module
 from ptxgym.baselines import baseline_key, cached_baseline, store_baseline
-from ptxgym.judge import Judge, JudgeSettings, WorkerStartError, _Worker, worker_context
-from ptxgym.tasks import get_task
+from ptxgym.correctness import CheckReport, check_outputs
+from ptxgym.judge import (
+    Conversation,
+    Judge,
+    JudgeSettings,
+    Verdict,
+    WorkerStartError,
+    _output_bytes,
+    _Stage,
+    _TimingPlan,
+    _Worker,
+    _worker_job,
+    _WorkloadState,
+    worker_context,
+)
+from ptxgym.outcome import Status
+from ptxgym.tasks import Task, WorkloadSpec, get_task
 from ptxgym.worker import WORKER_IMPORTS
 
 GEMM = get_task("PTX-H100-GEMM")
@@ -152,3 +172,161 @@ def test_forked_workers_begin_with_their_imports_done(fork: bool) -> None:
     process.join(timeout=30)
     assert process.exitcode == 0
     assert ("torch" in imported) is fork
+
+
+# ------------------------------------------------------------------------------------------
+# The worker's side of the conversation, its GPU stood in for by CPU tensors
+
+
+SMALL = WorkloadSpec(name="small", axes={"M": 16, "N": 8, "K": 32})
+SMALL_GEMM = GEMM.model_copy(update={"workloads": [SMALL]})
+SHORT = JudgeSettings(stage_timeout_s=10.0, warmup=2, iters=5, trials=3)
+
+
+def _cpu_inputs(seed: int) -> dict[str, Any]:
+    import torch
+
+    generator = torch.Generator().manual_seed(seed)
+    return {
+        "A": torch.randn(16, 32, generator=generator).bfloat16(),
+        "B": torch.randn(8, 32, generator=generator).bfloat16(),
+    }
+
+
+class _CpuEntry:
+    """Stands in for the candidate's library: C = A·Bᵀ on the CPU; ``failing_call`` (counted
+    from the first call of all) returns CUDA's illegal-address error instead."""
+
+    failing_call: int | None = None
+
+    def __init__(self, library: str, task: Task) -> None:
+        self.calls = 0
+
+    def __call__(self, inputs: Any, outputs: Any, axes: Any, stream: int) -> int:
+        self.calls += 1
+        if self.calls == self.failing_call:
+            return 700
+        product = inputs["A"].float() @ inputs["B"].float().T
+        outputs["C"].copy_(product.bfloat16())
+        return 0
+
+
+class _CpuChecks:
+    """The judge's checks on the CPU, against references made from the seeds."""
+
+    def __init__(self, states: list[_WorkloadState], plans: dict[str, _TimingPlan]) -> None:
+        self.seeds = {stage.name: stage.seed for stage in states[0].stages}
+        self.plans = plans
+
+    def stage(self, workload: str, stage: str, outputs: dict[str, Any]) -> CheckReport:
+        return self._compare(stage, outputs, self.seeds[stage])
+
+    def timed_call(self, workload: str, call: int, outputs: dict[str, Any]) -> CheckReport:
+        return self._compare(f"timed call {call}", outputs, self.plans[workload].seed + call)
+
+    def _compare(self, label: str, outputs: dict[str, Any], seed: int) -> CheckReport:
+        inputs = _cpu_inputs(seed)
+        reference = {"C": inputs["A"].float() @ inputs["B"].float().T}
+        copies = {name: tensor.clone() for name, tensor in outputs.items()}
+        return check_outputs(SMALL_GEMM, label, "small", SMALL.axes, copies, reference)
+
+
+def _serve_on_the_cpu(conn: Connection) -> None:
+    """A worker's part after its start-up (``worker_main``): the job, the arena, the service,
+    and the error message for an exception; the worker's own timer, without CUPTI."""
+    import torch
+
+    from ptxgym import worker
+    from ptxgym.timing import Timer
+
+    job, _ = channel.receive(conn)
+    arena = channel.Arena.attach(conn, int(job["arena_bytes"]))
+    timer = Timer.__new__(Timer)  # its device part stood in for: no flush, no CUPTI
+    timer.torch, timer.cupti, timer._phases = torch, None, {}
+    timer._reset_l2 = lambda: True  # type: ignore[method-assign]
+    try:
+        worker._serve(conn, job, timer, arena)
+    except Exception as exc:
+        channel.send(conn, {"kind": "error", "message": worker._first_line(exc)})
+    finally:
+        arena.close()
+        conn.close()
+
+
+@pytest.fixture
+def cpu_worker(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The worker's GPU stood in for: CPU inputs from the seeds, CPU outputs, the candidate's
+    library by ``_CpuEntry``, and CUDA's streams and synchronisations by nothing."""
+    import contextlib
+    from types import SimpleNamespace
+
+    import torch
+
+    from ptxgym import worker
+
+    def outputs(task: Task, axes: dict[str, int]) -> dict[str, Any]:
+        buffers = {"C": torch.empty(axes["M"], axes["N"], dtype=torch.bfloat16)}
+        worker.poison(buffers)
+        return buffers
+
+    monkeypatch.setattr(worker, "Entry", _CpuEntry)
+    monkeypatch.setattr(worker, "make_inputs", lambda task, load, seed, outliers: _cpu_inputs(seed))
+    monkeypatch.setattr(worker, "allocate_outputs", outputs)
+    monkeypatch.setattr(torch.cuda, "Stream", lambda: SimpleNamespace(cuda_stream=0))
+    monkeypatch.setattr(torch.cuda, "stream", lambda stream: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+
+
+def _evaluate_on_the_cpu() -> Verdict:
+    """The worker's real service in a thread, against the judge's real conversation."""
+    import threading
+
+    state = _WorkloadState(
+        SMALL,
+        [_Stage(f"trial{i}", 10 + i, False) for i in range(3)] + [_Stage("outliers", 20, True)],
+        baseline_ms=1.0,
+        baseline_method="cupti",
+    )
+    plans = {"small": _TimingPlan(seed=1000, checked=frozenset({3, 8, 16}))}
+    judge_end, worker_end = multiprocessing.Pipe()
+    job = _worker_job(SMALL_GEMM, "candidate.so", [state], plans, SHORT)
+    arena = channel.Arena.create(_output_bytes(SMALL_GEMM, SMALL))
+    job["arena_bytes"] = arena.size
+    thread = threading.Thread(target=_serve_on_the_cpu, args=(worker_end,), daemon=True)
+    thread.start()
+    try:
+        channel.send(judge_end, job)
+        arena.share(judge_end, os.getpid())
+        checks = _CpuChecks([state], plans)
+        return Conversation(
+            SMALL_GEMM, [state], plans, SHORT, checks, judge_end, arena, {}, lambda: "ended"
+        ).run()
+    finally:
+        judge_end.close()
+        thread.join(timeout=30)
+        arena.close()
+
+
+@pytest.mark.usefixtures("cpu_worker")
+def test_the_workers_conversation_is_the_one_the_judge_expects() -> None:
+    verdict = _evaluate_on_the_cpu()
+    assert verdict.status is Status.PASSED, verdict.message
+    assert [check.stage for check in verdict.checks][4:] == [
+        "timed call 3",
+        "timed call 8",
+        "timed call 16",
+    ]
+    (timing,) = verdict.timings
+    assert timing.method == "host-sync" and timing.latency_ms > 0
+
+
+@pytest.mark.usefixtures("cpu_worker")
+def test_an_entry_point_failing_while_timed_is_a_runtime_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The 4 correctness calls, 2 warm-up calls, then the failing one: timed call 2.
+    monkeypatch.setattr(_CpuEntry, "failing_call", 7)
+    verdict = _evaluate_on_the_cpu()
+    assert verdict.status is Status.RUNTIME_ERROR
+    assert verdict.message.startswith("the entry point returned 700 (")
+    assert verdict.message.endswith(") while being timed")

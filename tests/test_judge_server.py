@@ -14,12 +14,14 @@ from pathlib import Path
 
 import pytest
 
-from ptxgym import judge_server
+from ptxgym import judge_server, paths
 from ptxgym.gpu_evaluator import EvaluatorError, _JudgeHandle
 from ptxgym.judge import JudgeSettings, Verdict
 from ptxgym.outcome import Status
+from ptxgym.tasks import Task, get_task
 
 SETTINGS = JudgeSettings(concurrency=4, stage_timeout_s=11.0)
+GEMM = get_task("PTX-H100-GEMM")
 
 
 class CountingJudge:
@@ -30,13 +32,13 @@ class CountingJudge:
         self.served = 0
         self.lock = threading.Lock()
 
-    def evaluate(self, task: str, library: str) -> Verdict:
+    def evaluate(self, task: Task, library: str) -> Verdict:
         with self.lock:
             self.served += 1
-        return Verdict(Status.PASSED, f"{task}:{library}")
+        return Verdict(Status.PASSED, f"{task.id}:{library}")
 
-    def baseline_ms(self, task: str) -> dict[str, float]:
-        return {task: float(self.served)}
+    def baseline_ms(self, task: Task) -> dict[str, float]:
+        return {task.id: float(self.served)}
 
     def close(self) -> None:
         pass
@@ -68,7 +70,7 @@ def _client_in_another_process(cache: str, results: multiprocessing.Queue) -> No
 
     os.environ["PTXGYM_CACHE"] = cache
     handle = _JudgeHandle.shared(0, SETTINGS)
-    results.put(handle.request("evaluate", "task", "from-child").message)
+    results.put(handle.evaluate(GEMM, "from-child").result().message)
     handle.close()
 
 
@@ -76,16 +78,16 @@ def test_processes_share_one_judge(server: judge_server.ServerFiles, tmp_path: P
     first = _JudgeHandle.shared(0, SETTINGS)
     second = _JudgeHandle.shared(0, SETTINGS)
     assert first.info == {"name": "counting stand-in"}
-    assert first.request("evaluate", "task", "a").message == "task:a"
-    assert second.request("evaluate", "task", "b").message == "task:b"
+    assert first.evaluate(GEMM, "a").result().message == f"{GEMM.id}:a"
+    assert second.evaluate(GEMM, "b").result().message == f"{GEMM.id}:b"
     context = multiprocessing.get_context("spawn")
     results = context.Queue()
     child = context.Process(target=_client_in_another_process, args=(str(tmp_path), results))
     child.start()
-    assert results.get(timeout=60) == "task:from-child"
+    assert results.get(timeout=60) == f"{GEMM.id}:from-child"
     child.join(timeout=30)
     # One judge served all three: the two handles here and the other process.
-    assert first.request("baseline", "task") == {"task": 3.0}
+    assert first.baseline(GEMM).result() == {GEMM.id: 3.0}
     first.close()
     second.close()
 
@@ -102,3 +104,11 @@ def test_a_server_that_cannot_start_is_an_evaluator_error(
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     with pytest.raises(EvaluatorError, match="the shared judge exited with code"):
         _JudgeHandle.shared(0, JudgeSettings(concurrency=1))
+
+
+def test_each_task_folder_has_its_own_server(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A judge evaluates only its own tasks (``judge_server.Request``): processes that load
+    their tasks from another folder (``PTXGYM_DATA``) get a server of their own."""
+    here = judge_server.server_files(0, SETTINGS)
+    monkeypatch.setattr(paths, "envs_dir", lambda: Path("/elsewhere/envs"))
+    assert judge_server.server_files(0, SETTINGS).socket != here.socket

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ptxgym.policy import MAX_SOURCE_CHARS, check_policy
+from ptxgym.policy import MAX_SOURCE_CHARS, MAX_VIOLATIONS_SHOWN, check_policy, included_headers
 from ptxgym.tasks import get_task
 
 TASK = get_task("PTX-H100-GEMM")
@@ -80,3 +80,74 @@ def test_missing_entry_point_names_the_signature() -> None:
 
 def test_oversized_source_is_rejected_without_scanning() -> None:
     assert "limit" in violations(ENTRY + "//" + "x" * MAX_SOURCE_CHARS)
+
+
+HONEST_TRICKY_SOURCE = (
+    "%:include <cstdint>\n"
+    "#include <cuda_runtime.h> // the runtime\n"
+    "#inc\\\f\nlude <cuda_bf16.h>\n"
+    "#if defined(__has_include) && __has_include(<cuda_fp16.h>)\n"
+    "#endif\n"
+    '#define UNROLL _Pragma("unroll")\n'
+    "#pragma GCC diagnostic push\n"
+    "#pragma nv_diag_suppress 177\n"
+    "constexpr int kBig = 1'000'000;\n"
+    "constexpr unsigned kMask = 0xFFFF'FFFFu;\n"
+    'const char* kNote = R"x(a "quoted" /* not a comment */ )" still)x";\n'
+    "const char kQuote = '\"';\n"
+    'const char* kUtf8 = u8"caf\u00e9";\n'
+    '__device__ int lane() { int l; asm volatile("mov.u32 %0, %%laneid;" : "=r"(l)); '
+    "return l; }\n"
+    'extern"C" int gemm(const __nv_bfloat16* A, const __nv_bfloat16* B, __nv_bfloat16* C,\n'
+    "                   int M, int N, int K, cudaStream_t stream) { UNROLL for (;;) {} }\n"
+)
+
+
+def test_an_honest_source_with_every_lexical_feature_passes() -> None:
+    assert violations(HONEST_TRICKY_SOURCE) == ""
+    assert included_headers(HONEST_TRICKY_SOURCE, TASK) == (
+        "<cstdint>",
+        "<cuda_runtime.h>",
+        "<cuda_bf16.h>",
+    )
+
+
+@pytest.mark.parametrize(
+    ("source", "message"),
+    [
+        ('#ident "x"\n', "#ident is not allowed"),
+        ("#assert machine(x86)\n", "#assert is not allowed"),
+        ('# "x"\n', 'the directive #"x" is not allowed'),
+        ('#line 7 "x.cu"\n', "line-control"),
+        ('# 7 "x.cu" 2\n', "line-control"),
+        ("#pragma GCC system_header\n", "not allowed"),
+        ("#pragma GCC\n", "not allowed"),
+        ('_Pragma("GCC system_header")\n', "not allowed"),
+        ('_Pragma(u8"unroll")\n', "only with one string literal"),
+        ('_Pragma("unroll" "2")\n', "only with one string literal"),
+        ("#if __has_embed(<x>)\n#endif\n", "__has_embed"),
+        ('asm(".in" "cl" "ude \\"x\\"");\n', ".include"),
+        ('asm("\\x2eincbin \\"x\\"");\n', ".incbin"),
+        ('asm(".re" u8"pt 2");\n', ".rept"),
+        ('const char* s = "??/";\n', "trigraph"),
+        ('asm("\\x{2e}incbin");\n', "delimited or named escape"),
+        ("/* never closed\n", "an unterminated comment"),
+        ('const char* s = R"(a\\\nb)";\n', "a line continuation inside a raw string"),
+        ("int caf\u00e9 = 0;\n", "non-ASCII"),
+        ("int \\u0061 = 0;\n", "universal character name"),
+        ("int x = 0;\0\n", "NUL"),
+        ("int x = a \\ b;\n", "stray backslash"),
+    ],
+    ids=repr,
+)
+def test_what_the_compiler_might_read_otherwise_is_refused(source: str, message: str) -> None:
+    found = violations(source + ENTRY)
+    assert message in found, found
+
+
+def test_violations_name_their_line_and_are_capped() -> None:
+    source = "".join(f'#include "x{index}.h"\n' for index in range(50)) + ENTRY
+    found = check_policy(source, TASK).violations
+    assert found[0].startswith("line 1: #include")
+    assert len(found) == MAX_VIOLATIONS_SHOWN + 1
+    assert found[-1] == "… and 30 more"

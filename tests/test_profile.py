@@ -53,6 +53,14 @@ def test_an_unknown_profile_never_qualifies() -> None:
     assert InstructionProfile(True, families={"compute": True}).qualified is True
 
 
+@pytest.fixture
+def library(tmp_path: Path) -> str:
+    """A stand-in for a built library: each run gets a copy of it."""
+    path = tmp_path / "x.so"
+    path.write_bytes(b"a stand-in library")
+    return str(path)
+
+
 def test_missing_profiler_gives_unknown(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PTXGYM_NCU", "/nonexistent/ncu")
     result = profile_candidate(H100, "/nonexistent.so", WORKLOAD, {}, device=0)
@@ -71,18 +79,18 @@ def _fake_ncu(folder: Path, body: str, report_module: str = "") -> Path:
 
 
 def test_failing_profiler_gives_unknown_with_its_words(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, library: str
 ) -> None:
     monkeypatch.setenv("PTXGYM_NCU", str(_fake_ncu(tmp_path, "echo 'ERR_NVGPUCTRPERM'; exit 1")))
-    result = profile_candidate(H100, "/nonexistent.so", WORKLOAD, {}, device=0)
+    result = profile_candidate(H100, library, WORKLOAD, {}, device=0)
     assert not result.ok and "exit code 1" in result.reason and "ERR_NVGPUCTRPERM" in result.reason
 
 
 def test_hanging_profiler_is_killed_and_gives_unknown(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, library: str
 ) -> None:
     monkeypatch.setenv("PTXGYM_NCU", str(_fake_ncu(tmp_path, "sleep 60")))
-    result = profile_candidate(H100, "/nonexistent.so", WORKLOAD, {}, device=0, timeout_s=1)
+    result = profile_candidate(H100, library, WORKLOAD, {}, device=0, timeout_s=1)
     assert not result.ok and "within 1 s" in result.reason
 
 
@@ -160,8 +168,8 @@ def recording_ncu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return tmp_path / "args"
 
 
-def test_report_is_read_through_the_report_interface(recording_ncu: Path) -> None:
-    result = profile_candidate(H100, "/nonexistent.so", WORKLOAD, {}, device=0)
+def test_report_is_read_through_the_report_interface(recording_ncu: Path, library: str) -> None:
+    result = profile_candidate(H100, library, WORKLOAD, {}, device=0)
     assert result.ok, result.reason
     assert result.thread_counts == {"HGMMA": 384, "FFMA": 7}
     assert result.warp_counts == {"HGMMA": 12, "FFMA": 1}
@@ -186,15 +194,15 @@ def test_report_is_read_through_the_report_interface(recording_ncu: Path) -> Non
     assert not any(metric in arguments for metric in DETAIL_METRICS.values())
 
 
-def test_details_are_collected_on_request(recording_ncu: Path) -> None:
-    result = profile_candidate(H100, "/nonexistent.so", WORKLOAD, {}, device=0, details=True)
+def test_details_are_collected_on_request(recording_ncu: Path, library: str) -> None:
+    result = profile_candidate(H100, library, WORKLOAD, {}, device=0, details=True)
     assert result.ok, result.reason
     metrics = recording_ncu.read_text().split("--metrics ")[1].split()[0].split(",")
     assert set(metrics) == {*PROFILE_METRICS, *DETAIL_METRICS.values()}
 
 
 def test_a_report_the_profiled_program_writes_itself_is_never_read(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, library: str
 ) -> None:
     # The profiled program's folder is its working directory: a report forged there (by a
     # candidate, before the tool writes its own) is not where the judge reads the report from.
@@ -206,7 +214,7 @@ def test_a_report_the_profiled_program_writes_itself_is_never_read(
         _FAKE_REPORT_MODULE,
     )
     monkeypatch.setenv("PTXGYM_NCU", str(ncu))
-    result = profile_candidate(H100, "/nonexistent.so", WORKLOAD, {}, device=0)
+    result = profile_candidate(H100, library, WORKLOAD, {}, device=0)
     assert not result.ok and "the profiled run failed" in result.reason
 
 

@@ -88,6 +88,13 @@ def _fake_sanitizer(folder: Path, body: str) -> Path:
     return tool
 
 
+def _library(tmp_path: Path) -> str:
+    """A stand-in for a built library: each run gets a copy of it."""
+    library = tmp_path / "x.so"
+    library.write_bytes(b"a stand-in library")
+    return str(library)
+
+
 @pytest.mark.parametrize(
     ("body", "reason"),
     [
@@ -99,13 +106,13 @@ def test_a_failing_sanitizer_gives_unknown(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, body: str, reason: str
 ) -> None:
     monkeypatch.setenv("PTXGYM_COMPUTE_SANITIZER", str(_fake_sanitizer(tmp_path, body)))
-    report = sanitize_candidate(GEMM, "/x.so", WORKLOAD, {}, device=0, timeout_s=1)
+    report = sanitize_candidate(GEMM, _library(tmp_path), WORKLOAD, {}, device=0, timeout_s=1)
     assert not report.ok and report.clean is None and reason in report.reason
 
 
-def test_missing_sanitizer_gives_unknown(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_missing_sanitizer_gives_unknown(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PTXGYM_COMPUTE_SANITIZER", "/nonexistent/compute-sanitizer")
-    report = sanitize_candidate(GEMM, "/x.so", WORKLOAD, {}, device=0)
+    report = sanitize_candidate(GEMM, _library(tmp_path), WORKLOAD, {}, device=0)
     assert report.clean is None and "not found" in report.reason
 
 
@@ -115,7 +122,7 @@ def test_the_sanitizer_runs_the_single_call_program(
     arguments = tmp_path / "arguments"
     body = f"echo \"$@\" > {arguments}\ncat <<'END'\n{MEMCHECK_OUTPUT}END\nexit 86"
     monkeypatch.setenv("PTXGYM_COMPUTE_SANITIZER", str(_fake_sanitizer(tmp_path, body)))
-    report = sanitize_candidate(GEMM, "/x.so", WORKLOAD, {}, device=0, tool="memcheck")
+    report = sanitize_candidate(GEMM, _library(tmp_path), WORKLOAD, {}, device=0, tool="memcheck")
     assert report.ok and report.errors == 2 and report.clean is False
     assert len(report.findings) == 2
     recorded = arguments.read_text()

@@ -49,6 +49,7 @@ while True:
     time.sleep(0.01)
 job = json.loads(Path(spec["job"]).read_text())
 job["input_bytes"] = {{k: Path(v).read_bytes().hex() for k, v in job["inputs"].items()}}
+job["library_bytes"] = Path(job["library"]).read_text()
 (marks / (name + ".went")).write_text(json.dumps(job))
 (marks / (name + ".went-at")).write_text(str(time.monotonic()))
 time.sleep({hold})  # the program's start-up after the word, before it has the GPU
@@ -105,6 +106,13 @@ def judge(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Judge]:
     stand_in.tool_runs.close()
 
 
+def _library(tmp_path: Path) -> str:
+    """A stand-in for a built library: the judge hands each run a copy of it."""
+    library = tmp_path / "x.so"
+    library.write_bytes(b"a stand-in library")
+    return str(library)
+
+
 def _state() -> _WorkloadState:
     inputs = {"A": numpy.array([1, 2], numpy.uint8), "B": numpy.array([3], numpy.uint8)}
     return _WorkloadState(GEMM.workloads[0], [_Stage("trial0", 7, False)], 1.0, "cupti", inputs)
@@ -144,7 +152,9 @@ def test_runs_wait_started_ahead_sanitizers_per_evaluation_in_flight_profiles_fi
 
 def test_a_crash_runs_memcheck_and_keeps_the_profile_waiting(judge: Judge, tmp_path: Path) -> None:
     judge.tool_runs.top_up(1)
-    sanitizers, profile = judge._finish_tools(GEMM, "/x.so", _state(), Status.RUNTIME_ERROR)
+    sanitizers, profile = judge._finish_tools(
+        GEMM, _library(tmp_path), _state(), Status.RUNTIME_ERROR
+    )
     (memcheck,) = sanitizers
     assert memcheck.tool == "memcheck" and memcheck.ok and memcheck.clean
     assert memcheck.call_seconds == {"context": 0.5, "gpu_wait": 0.25, "gpu": 1.0}
@@ -152,7 +162,11 @@ def test_a_crash_runs_memcheck_and_keeps_the_profile_waiting(judge: Judge, tmp_p
     (went,) = _marks(tmp_path, "went")
     assert went.name.startswith("compute-sanitizer-")
     job = json.loads(went.read_text())  # the job is handed over with the word
-    assert job["library"] == "/x.so" and job["input_bytes"] == {"A": "0102", "B": "03"}
+    # A copy in the run's own folder: the program may read nothing of the build cache.
+    library = Path(job["library"])
+    assert library.name == "candidate.so" and library.parent.name.startswith("ptxgym-memcheck")
+    assert job["library_bytes"] == "a stand-in library"
+    assert job["input_bytes"] == {"A": "0102", "B": "03"}
     assert job["task"]["id"] == GEMM.id
     # The profile run nobody needed waits on for the next evaluation; memcheck's is replaced.
     assert judge.tool_runs.waiting("profile") == 2
@@ -160,7 +174,7 @@ def test_a_crash_runs_memcheck_and_keeps_the_profile_waiting(judge: Judge, tmp_p
 
 
 def test_a_pass_runs_both_and_a_hang_runs_neither(judge: Judge, tmp_path: Path) -> None:
-    sanitizers, profile = judge._finish_tools(GEMM, "/x.so", _state(), Status.PASSED)
+    sanitizers, profile = judge._finish_tools(GEMM, _library(tmp_path), _state(), Status.PASSED)
     assert [s.tool for s in sanitizers] == ["memcheck"]
     # The stand-in reader fails on purpose: the profile ran, and its failure is an unknown.
     assert profile is not None and not profile.ok
@@ -170,7 +184,7 @@ def test_a_pass_runs_both_and_a_hang_runs_neither(judge: Judge, tmp_path: Path) 
     (ncu_taken,) = (p for p in _marks(tmp_path, "taken-at") if p.name.startswith("ncu-"))
     (memcheck_went,) = (p for p in _marks(tmp_path, "went-at") if p.name.startswith("compute-"))
     assert float(memcheck_went.read_text()) >= float(ncu_taken.read_text())
-    assert judge._finish_tools(GEMM, "/x.so", _state(), Status.TIMEOUT) == ((), None)
+    assert judge._finish_tools(GEMM, _library(tmp_path), _state(), Status.TIMEOUT) == ((), None)
     assert len(_marks(tmp_path, "went")) == 2
 
 
