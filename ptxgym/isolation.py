@@ -197,20 +197,31 @@ _SYSTEM_READABLE = (
 def readable_paths() -> list[Path]:
     """What a confined process may read besides its own folder: ``_SYSTEM_READABLE``; Python,
     its standard library and installed packages (the module path's folders under Python's
-    prefixes or named site-packages, never a script's or a checkout's folder); ptxgym's own
-    packages (``ptxgym``, ``kernels_ref``); the CUDA toolkit and the tools (``CUDA_HOME``,
-    Nsight Compute, compute-sanitizer); and the GPU locks' folder (``ptxgym.gpu_lock``), whose
-    files a start-up takes turns on."""
+    prefixes, named site-packages, or named in PYTHONPATH, as wheels carried to a GPU host
+    are); ptxgym's own packages (``ptxgym``, ``kernels_ref``); the CUDA toolkit and the tools
+    (``CUDA_HOME``, Nsight Compute, compute-sanitizer); and the GPU locks' folder
+    (``ptxgym.gpu_lock``), whose files a start-up takes turns on. Never a folder that holds
+    ptxgym's checkout or the user's home (a PYTHONPATH of the checkout itself, or of ``~``,
+    would open the project or every file of the user's)."""
     found: list[Path] = [Path(path) for path in _SYSTEM_READABLE]
     prefixes = [
         Path(prefix).resolve()
         for prefix in {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix}
     ]
-    found += prefixes
+    closed = [Path(__file__).resolve().parents[1], Path.home().resolve()]
+    found += [p for p in prefixes if not any(place.is_relative_to(p) for place in closed)]
+    configured = {
+        Path(entry).resolve()
+        for entry in os.environ.get("PYTHONPATH", "").split(os.pathsep)
+        if entry
+    }
     for entry in sys.path:
         folder = Path(entry).resolve() if entry else None
-        if folder is not None and (
+        if folder is None or any(place.is_relative_to(folder) for place in closed):
+            continue
+        if (
             folder.name in ("site-packages", "dist-packages")
+            or folder in configured
             or any(folder.is_relative_to(prefix) for prefix in prefixes)
         ):
             found.append(folder)

@@ -259,8 +259,10 @@ class _Worker:
         self.process.start()
         child.close()
         self.ready = False
-        # What confinement took effect in the worker (ptxgym.isolation), as it reported.
+        # What confinement took effect in the worker (ptxgym.isolation), and how it times the
+        # candidate, as it reported before any candidate code was loaded.
         self.isolation: dict[str, bool] = {}
+        self.timing_method = ""
 
     def wait_ready(self, timeout_s: float) -> None:
         if not self.ready:
@@ -268,6 +270,7 @@ class _Worker:
             if header.get("kind") != "ready":
                 raise channel.ChannelError(f"worker did not start: {header}")
             self.isolation = {str(k): bool(v) for k, v in dict(header.get("isolation", {})).items()}
+            self.timing_method = str(header.get("timing_method", ""))
             self.ready = True
 
     def log_tail(self) -> str:
@@ -389,6 +392,17 @@ class Judge:
                 raise WorkerStartError(
                     f"a worker failed to start twice ({reason}); its output: {log or '(none)'}"
                 ) from exc
+        if worker.timing_method != self.device_info["timing_method"]:
+            # Speedups would compare two clocks: CUPTI's device time against a host-timed
+            # candidate (a worker that cannot load CUPTI, e.g. under a read rule that misses
+            # its folder). Ours, not the candidate's: no verdict at all.
+            log = worker.log_tail()
+            worker.kill()
+            raise WorkerStartError(
+                f"a worker times candidates with {worker.timing_method or 'nothing'}, but this "
+                f"judge times baselines with {self.device_info['timing_method']}; its output: "
+                f"{log or '(none)'}"
+            )
         return worker
 
     def _gpu_alone(self) -> contextlib.AbstractContextManager[float]:

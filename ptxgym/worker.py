@@ -175,7 +175,11 @@ def worker_main(
     # CUDA, torch and CUPTI are up: from here on no new processes, no signals to others, no
     # sockets but the judge's kind (ptxgym.seccomp), for the candidate's code and ours alike.
     isolation["system_calls_filtered"] = seal(network=False)
-    channel.send(conn, {"kind": "ready", "pid": os.getpid(), "isolation": isolation})
+    # How this worker times (said before any candidate code is loaded): the judge compares it
+    # with how it timed the baselines.
+    method = "cupti" if timer.cupti is not None else "host-sync"
+    ready = {"kind": "ready", "pid": os.getpid(), "isolation": isolation, "timing_method": method}
+    channel.send(conn, ready)
     job, _ = channel.receive(conn)
     # The judge hands over a shared-memory region for the outputs right after the job.
     arena = channel.Arena.attach(conn, int(job["arena_bytes"])) if job.get("arena_bytes") else None

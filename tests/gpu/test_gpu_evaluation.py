@@ -91,10 +91,14 @@ def test_naive_gemm_passes_with_latency_baseline_and_speedup(env: PTXKernelEnv) 
     parts = [stages[f"timing_{phase}"] for phase in TIMING_PHASES]
     assert min(parts) >= 0 and stages["timing_calls"] > 0
     assert sum(parts) <= stages["timing"]
-    # The worker ran the candidate under the seccomp filter and with its writes confined
-    # (Landlock, applied before CUDA started), CUDA and CUPTI timing included.
+    # The worker ran the candidate under the seccomp filter and with its reads and writes
+    # confined (Landlock, applied before CUDA started), CUDA and CUPTI timing included: the
+    # candidate is timed with CUPTI, as the baseline is (a worker that could not load CUPTI
+    # under the read rule fell back to host-synchronised timing on the H200 once).
     assert outcome["isolation"]["system_calls_filtered"] is True
     assert outcome["isolation"]["writes_confined"] is True
+    assert outcome["isolation"]["reads_confined"] is True
+    assert {timing["method"] for timing in outcome["timings"]} == {"cupti"}
 
 
 @pytest.mark.parametrize("name", list(BROKEN))
