@@ -156,12 +156,8 @@ def restrict_files(
 # libraries and data (CUDA's driver library among them), device and system information, its own
 # /proc entries, and a few files of /etc that the C library and the driver open.
 _SYSTEM_READABLE = (
-    "/usr",
-    "/bin",
-    "/sbin",
-    "/lib",
-    "/lib32",
-    "/lib64",
+    *landlock.SYSTEM_PROGRAMS,
+    *landlock.LOADER_FILES,
     "/opt",
     "/sys",
     "/dev",
@@ -177,9 +173,6 @@ _SYSTEM_READABLE = (
     "/proc/devices",
     "/run/nvidia-persistenced",
     "/var/run/nvidia-persistenced",
-    "/etc/ld.so.cache",
-    "/etc/ld.so.conf",
-    "/etc/ld.so.conf.d",
     "/etc/localtime",
     "/etc/nsswitch.conf",
     "/etc/passwd",
@@ -190,7 +183,6 @@ _SYSTEM_READABLE = (
     "/etc/os-release",
     "/etc/nvidia",
     "/etc/OpenCL",
-    "/etc/alternatives",
 )
 
 

@@ -72,6 +72,13 @@ _READS = _EXECUTE | _READ_FILE | _READ_DIR
 _FILE_RIGHTS = _EXECUTE | _WRITE_FILE | _READ_FILE | _TRUNCATE
 
 
+# Where the system keeps its programs and libraries (the dynamic loader, libc, gcc, the CUDA
+# driver's library): readable by every confined process of ptxgym's.
+SYSTEM_PROGRAMS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+# The dynamic loader's own files in /etc, which every program it starts opens.
+LOADER_FILES = ("/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/alternatives")
+
+
 class _RulesetAttributes(ctypes.Structure):
     _fields_ = [
         ("handled_access_fs", ctypes.c_uint64),
