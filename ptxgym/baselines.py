@@ -2,11 +2,15 @@
 
 A baseline (cuBLAS, cuDNN, FlashInfer) takes seconds to measure and does not change while the
 GPU, driver, libraries, problem and timing protocol stay the same, so the judge keeps each in
-``<cache>/baselines.json`` under a key that names all of them.
+``<cache>/baselines.json`` under a key that names all of them. The protocol enters the key as
+its counts, the order of warm-up and timed calls that ``ptxgym.timing.CallSchedule`` derives
+from them (so a new schedule with the same counts misses the old entries), and
+``TIMING_VERSION`` for what the schedule does not show (how a call is prepared and timed).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import time
@@ -16,8 +20,11 @@ from typing import Any
 
 from ptxgym import paths
 from ptxgym.tasks import Task, WorkloadSpec
+from ptxgym.timing import CallSchedule
 
-TIMING_VERSION = 2  # bump when the timing protocol changes, to invalidate cached baselines
+# Bump when how a call is prepared or timed changes, to invalidate cached baselines (a change
+# of which calls are timed changes the key by itself).
+TIMING_VERSION = 2
 
 
 def baseline_key(
@@ -28,7 +35,10 @@ def baseline_key(
     protocol: Mapping[str, int],
 ) -> str:
     """What a cached baseline latency depends on: GPU, driver, libraries, problem, and the
-    timing ``protocol`` (its warm-up, iteration and trial counts)."""
+    timing ``protocol`` (its warm-up, iteration and trial counts, and the schedule of timed
+    calls they make)."""
+    schedule = CallSchedule(protocol["warmup"], protocol["iters"], protocol["trials"])
+    timed = hashlib.sha256(json.dumps(schedule.timed).encode()).hexdigest()[:16]
     return json.dumps(
         [
             device["name"],
@@ -41,7 +51,7 @@ def baseline_key(
             # workload, and d64/d96/d128 must not share a cached baseline.
             task.axis_values(workload),
             workload.sequences,
-            {**protocol, "version": TIMING_VERSION},
+            {**protocol, "timed_calls": timed, "version": TIMING_VERSION},
             device["timing_method"],
         ],
         sort_keys=True,

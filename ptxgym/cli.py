@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import re
+import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -13,6 +16,7 @@ from typing import Any
 import yaml
 
 from ptxgym import paths, report
+from ptxgym.compiler import CompilerUnavailable
 from ptxgym.evaluator import EVALUATORS, CompileOnlyEvaluator, Evaluator
 from ptxgym.extract import extract_source, read_action
 from ptxgym.feedback import render_feedback
@@ -24,16 +28,42 @@ from ptxgym.report import FORMATS
 from ptxgym.tasks import Task, get_task, registry
 
 
+class UnavailableError(Exception):
+    """A command cannot do its work on this machine (no matching GPU, a missing tool)."""
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     try:
         code: int = args.handler(args)
-    except (KeyError, ValueError, FileNotFoundError) as exc:
+    except (KeyError, ValueError, FileNotFoundError, CompilerUnavailable, UnavailableError) as exc:
         message = exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc)
+        if isinstance(exc, CompilerUnavailable):
+            message += _cuda_home_note()
+        if getattr(args, "json", False):
+            # A script that asked for JSON parses stdout: it gets the reason there too.
+            _print_json({"error": message})
         print(f"ptxgym: error: {message}", file=sys.stderr)
         return 2
+    except BrokenPipeError:
+        # The reader left (``ptxgym prompt ID | head``): not an error of ours. Output still
+        # buffered must not fail again when Python flushes stdout at exit.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
     return code
+
+
+def _print_json(value: object) -> None:
+    print(json.dumps(value, indent=2))
+
+
+def _cuda_home_note() -> str:
+    """Why ``$CUDA_HOME`` did not help, when it is set to a folder without the tools."""
+    home = os.environ.get("CUDA_HOME")
+    if home is None or (Path(home) / "bin" / "nvcc").is_file():
+        return ""
+    return f" (CUDA_HOME={home} has no bin/nvcc: point it at the toolkit's folder)"
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -43,7 +73,11 @@ def _parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(required=True, metavar="COMMAND")
 
     listing = commands.add_parser("list", help="list the registered tasks")
-    listing.add_argument("--gpu", choices=["H100", "B200"], help="only tasks for this GPU")
+    listing.add_argument(
+        "--gpu",
+        metavar="NAME",
+        help="only tasks that run on this GPU, in any case (an H200 runs the H100 tasks)",
+    )
     listing.add_argument("--json", action="store_true", help="machine-readable output")
     listing.set_defaults(handler=_list)
 
@@ -158,10 +192,23 @@ def _sorted_tasks() -> list[Task]:
     return sorted(registry().values(), key=lambda t: (t.gpu != "H100", t.family, t.id))
 
 
+def _task_gpu_names(task: Task) -> set[str]:
+    """The GPUs that run ``task``: its own, and those its target's ``devices`` text names
+    (an H200 runs the H100 tasks)."""
+    return {task.gpu, *re.findall(r"\b[A-Z]+\d+[A-Z]*\b", task.target.devices)}
+
+
+def _gpu_names() -> list[str]:
+    return sorted({name for task in registry().values() for name in _task_gpu_names(task)})
+
+
 def _list(args: argparse.Namespace) -> int:
-    tasks = [t for t in _sorted_tasks() if args.gpu in (None, t.gpu)]
+    gpu = None if args.gpu is None else args.gpu.strip().upper()
+    if gpu is not None and gpu not in _gpu_names():
+        raise ValueError(f"--gpu {args.gpu}: not a known GPU; one of {', '.join(_gpu_names())}")
+    tasks = [t for t in _sorted_tasks() if gpu is None or gpu in _task_gpu_names(t)]
     if args.json:
-        print(json.dumps([_task_summary(t) for t in tasks], indent=2))
+        _print_json([_task_summary(t) for t in tasks])
         return 0
     width = max(len(t.id) for t in tasks)
     print(f"{'id':<{width}}  {'arch':<8} {'workloads':>9}  baseline")
@@ -230,8 +277,7 @@ def _eval(args: argparse.Namespace) -> int:
     try:
         return _report_candidate(args, LocalGPUEvaluator(settings=settings), success=Status.PASSED)
     except EvaluatorError as exc:
-        print(f"ptxgym: error: {exc}", file=sys.stderr)
-        return 2
+        raise UnavailableError(str(exc)) from exc
 
 
 def _report_candidate(args: argparse.Namespace, evaluator: Evaluator, success: Status) -> int:
@@ -241,7 +287,7 @@ def _report_candidate(args: argparse.Namespace, evaluator: Evaluator, success: S
         raise FileNotFoundError(f"{args.file}: no such file")
     outcome = evaluate_file(task, args.file, evaluator)
     if args.json:
-        print(json.dumps(outcome.to_dict(), indent=2))
+        _print_json(outcome.to_dict())
     else:
         print(render_feedback(outcome, task))
     return 0 if outcome.status is success else 1
@@ -256,8 +302,7 @@ def _baseline(args: argparse.Namespace) -> int:
         latencies = evaluator.baseline(task)
         info = evaluator.device_info()
     except EvaluatorError as exc:
-        print(f"ptxgym: error: {exc}", file=sys.stderr)
-        return 2
+        raise UnavailableError(str(exc)) from exc
     if args.json:
         report = {
             "task": task.id,
@@ -265,7 +310,7 @@ def _baseline(args: argparse.Namespace) -> int:
             "device": info,
             "latency_ms": latencies,
         }
-        print(json.dumps(report, indent=2))
+        _print_json(report)
         return 0
     print(
         f"{task.id}: {task.callables.baseline} on {info['name']} ({info['timing_method']} timing)"

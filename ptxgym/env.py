@@ -94,7 +94,9 @@ class PTXKernelEnv(gym.Env[str, str]):
     ``PTX-{H100,B200}-GQADecode`` and ``PTX-{H100,B200}-GQAPrefill``.
     """
 
-    metadata = {"render_modes": ["ansi", "human"]}  # noqa: RUF012
+    # Frames are turns, which come as fast as the evaluator finishes them; Gymnasium asks for a
+    # positive rate whenever render modes are declared, and nothing here plays frames back.
+    metadata = {"render_modes": ["ansi", "human"], "render_fps": 1}  # noqa: RUF012
 
     def __init__(
         self,
@@ -240,13 +242,21 @@ class PTXKernelEnv(gym.Env[str, str]):
         return text[:MAX_OBSERVATION_CHARS]
 
     def render(self) -> str | None:
-        """The latest turn (``ansi`` returns it, ``human`` prints it)."""
-        latest = self._records[-1] if self._records else self.prompt.text
+        """The latest turn (``ansi`` returns it, ``human`` prints it); before the first step,
+        one line about the episode, since the prompt itself runs to 100,000+ characters and is
+        the observation already."""
+        latest = self._records[-1] if self._records else self._episode_header()
         if self.render_mode == "ansi":
             return latest
         if self.render_mode == "human":
             print(latest)
         return None
+
+    def _episode_header(self) -> str:
+        return (
+            f"{self.task.id}: turn {self._turn} of {self.turns}; the prompt "
+            f"({len(self.prompt.text):,} characters) is the observation"
+        )
 
     def close(self) -> None:
         if self._evaluator is not None and self._evaluator is not self._evaluator_spec:

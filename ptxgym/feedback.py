@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import fnmatch
+import re
 from collections import Counter
 
 from ptxgym.compiler import CompileResult
@@ -15,7 +16,9 @@ from ptxgym.tasks import Task
 
 _NEXT_STEP = {
     Status.FORMAT_ERROR: "Reply with the complete kernel source in one ```cuda block.",
-    Status.POLICY_VIOLATION: "Remove what the rules forbid; write that part yourself.",
+    Status.POLICY_VIOLATION: (
+        "Change what the messages above name; the prompt's rules say what is allowed."
+    ),
     Status.COMPILE_ERROR: "Fix the errors above; line numbers refer to your source.",
     Status.COMPILED: (
         "The kernel was built but not run (compile-only evaluation): correctness, speed and "
@@ -67,8 +70,63 @@ def render_feedback(outcome: Outcome, task: Task) -> str:
         lines.append(f"Speedup: {outcome.speedup:.3f}x")
     if outcome.status.correct:
         lines += _qualification(outcome, task)
-    lines += ["", _NEXT_STEP[outcome.status]]
+    advice = _policy_advice(outcome.message) if outcome.status is Status.POLICY_VIOLATION else []
+    lines += ["", *(advice or [_NEXT_STEP[outcome.status]])]
     return "\n".join(lines)
+
+
+# Each kind of policy violation (ptxgym.policy, and the build's own checks in ptxgym.compiler),
+# recognised by its wording, and what fixes it: "remove it" does not fix a missing entry point.
+_POLICY_ADVICE: tuple[tuple[re.Pattern[str], str], ...] = (
+    (
+        re.compile(r"the entry point is missing"),
+        'Add the entry point: a function with C linkage (extern "C"), exactly the signature '
+        "above, that launches your kernel.",
+    ),
+    (
+        re.compile(r"the source is [\d,]+ characters; the limit is"),
+        "Shorten the source below the limit: drop unused code, generated tables and comments.",
+    ),
+    (
+        re.compile(r"as to the compiler|trigraph|escape sequences"),
+        "Write the flagged lines plainly, so that they read the same to the check as to the "
+        "compiler.",
+    ),
+    (
+        re.compile(r"may be included|never by path|not an allowed header|only quoted include"),
+        "Include only the allowed headers, by name: the CUDA and C++ standard headers the rules "
+        "list, and the knowledge pack's quoted header.",
+    ),
+    (
+        re.compile(r"write the kernel yourself|the kernel must not use it"),
+        "Remove the library and write that part yourself: the kernel must compute the result.",
+    ),
+    (
+        re.compile(r"the host code calls"),
+        "Keep host code to preparing and launching the kernel, with the CUDA runtime and the C "
+        "library functions the rules allow.",
+    ),
+    (
+        re.compile(r"loading libraries at run time"),
+        "Remove the run-time loading: everything the kernel uses must be in your one source.",
+    ),
+    (
+        re.compile(r"directive|#pragma|_Pragma|__has_embed|#embed|assembler|preprocessed source"),
+        "Remove the directive, pragma or assembler construct named above; the rules list what "
+        "is allowed.",
+    ),
+)
+
+
+def _policy_advice(message: str) -> list[str]:
+    """One piece of advice per kind of violation in ``message``, in order, each once."""
+    advice: list[str] = []
+    for line in message.splitlines():
+        for pattern, text in _POLICY_ADVICE:
+            if pattern.search(line) and text not in advice:
+                advice.append(text)
+                break
+    return advice
 
 
 def _qualification(outcome: Outcome, task: Task) -> list[str]:

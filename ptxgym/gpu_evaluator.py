@@ -13,11 +13,10 @@ import asyncio
 import atexit
 import contextlib
 import itertools
-import multiprocessing
 import os
+import subprocess
 import threading
 import time
-from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from multiprocessing.connection import Connection
 from typing import Any
@@ -25,16 +24,17 @@ from typing import Any
 from ptxgym.compiler import DEFAULT_TIMEOUT_S
 from ptxgym.evaluator import build_candidate
 from ptxgym.gpus import visible_gpus
-from ptxgym.judge import Judge, JudgeSettings, Verdict
+from ptxgym.judge import JudgeSettings, Verdict
 from ptxgym.judge_server import (
+    DEFAULT_JUDGE,
     MAX_ANSWER_BYTES,
     MessageError,
     Request,
     connect,
-    judge_main,
     read_answer,
     receive_message,
     send_message,
+    start_private_judge,
 )
 from ptxgym.outcome import Outcome
 from ptxgym.tasks import Task
@@ -77,7 +77,7 @@ class _JudgeHandle:
         conn: Connection,
         info: dict[str, Any],
         device: int,
-        process: multiprocessing.process.BaseProcess | None = None,
+        process: subprocess.Popen[bytes] | None = None,
     ) -> None:
         self.conn = conn
         self.info = info
@@ -96,16 +96,11 @@ class _JudgeHandle:
         cls,
         device: int,
         settings: JudgeSettings,
-        factory: Callable[[int, JudgeSettings], Judge] = Judge,
+        factory: str = DEFAULT_JUDGE,
     ) -> _JudgeHandle:
-        """Start a judge process of this process's own and wait until it is ready."""
-        context = multiprocessing.get_context("spawn")
-        conn, child = context.Pipe()
-        # Not a daemon: daemons may not have children, and the judge starts workers. It still
-        # ends with its parent: its requests channel closes, and it exits on end of file.
-        process = context.Process(target=judge_main, args=(child, device, settings, factory))
-        process.start()
-        child.close()
+        """Start a judge process of this process's own and wait until it is ready. ``factory``
+        (``module:name``) makes the judge in it (tests give a stand-in that needs no GPU)."""
+        conn, process = start_private_judge(device, settings, factory)
         kind: str = "timeout"
         payload: Any = ""
         if conn.poll(_START_TIMEOUT_S):
@@ -116,9 +111,7 @@ class _JudgeHandle:
         if kind != "ready":
             with contextlib.suppress(OSError):
                 conn.close()
-            process.join(timeout=30)
-            if process.is_alive():
-                process.kill()
+            _end(process)
             how = "did not start" if kind == "timeout" else f"failed to start: {payload}"
             raise EvaluatorError(f"the judge for GPU {device} {how}")
         return cls(conn, payload, device, process)
@@ -195,7 +188,7 @@ class _JudgeHandle:
     @property
     def alive(self) -> bool:
         """Answers are still read (and a private judge still runs)."""
-        return self._reader.is_alive() and (self.process is None or self.process.is_alive())
+        return self._reader.is_alive() and (self.process is None or self.process.poll() is None)
 
     def close(self) -> None:
         with contextlib.suppress(OSError, ValueError), self._send_lock:
@@ -204,9 +197,19 @@ class _JudgeHandle:
             with contextlib.suppress(OSError):
                 self.conn.close()
             return
-        self.process.join(timeout=30)
-        if self.process.is_alive():
-            self.process.kill()
+        _end(self.process)
+        with contextlib.suppress(OSError):
+            self.conn.close()
+
+
+def _end(process: subprocess.Popen[bytes]) -> None:
+    """Wait for a private judge to end (it does once its requests channel closes), killing it
+    after 30 s; reaped either way, so it leaves no zombie."""
+    try:
+        process.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
 
 
 _judges: dict[tuple[int, JudgeSettings, bool], _JudgeHandle] = {}

@@ -1,14 +1,17 @@
-"""Which NVIDIA GPUs this machine has, read with nvidia-smi so that no CUDA context is created."""
+"""Which NVIDIA GPUs this machine has, read through NVML (nvidia-ml-py's ``pynvml``) where it is
+installed and from nvidia-smi's text otherwise; neither creates a CUDA context."""
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import importlib
 import os
 import shutil
 import subprocess
 from dataclasses import dataclass
 from functools import cache
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -21,7 +24,39 @@ class GPUInfo:
 
 @cache
 def visible_gpus() -> tuple[GPUInfo, ...]:
-    """GPUs as nvidia-smi lists them; read without creating a CUDA context here."""
+    """GPUs in NVML's order (nvidia-smi's indices), without creating a CUDA context here."""
+    try:
+        # By name: nvidia-ml-py is optional (the ``gpu`` extra) and has no type information.
+        nvml = importlib.import_module("pynvml")
+    except ImportError:
+        return _gpus_from_nvidia_smi()
+    try:
+        return _gpus_from_nvml(nvml)
+    except nvml.NVMLError:  # no NVML library or driver: nvidia-smi says what there is
+        return _gpus_from_nvidia_smi()
+
+
+def _gpus_from_nvml(nvml: Any) -> tuple[GPUInfo, ...]:
+    nvml.nvmlInit()
+    try:
+        driver = _text(nvml.nvmlSystemGetDriverVersion())
+        gpus = []
+        for index in range(nvml.nvmlDeviceGetCount()):
+            handle = nvml.nvmlDeviceGetHandleByIndex(index)
+            major, minor = nvml.nvmlDeviceGetCudaComputeCapability(handle)
+            name = _text(nvml.nvmlDeviceGetName(handle))
+            gpus.append(GPUInfo(index, name, (int(major), int(minor)), driver))
+        return tuple(gpus)
+    finally:
+        nvml.nvmlShutdown()
+
+
+def _text(value: str | bytes) -> str:
+    """NVML's strings: ``str`` in current nvidia-ml-py, ``bytes`` in releases before 11.5."""
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _gpus_from_nvidia_smi() -> tuple[GPUInfo, ...]:
     if not shutil.which("nvidia-smi"):
         return ()
     result = subprocess.run(

@@ -200,7 +200,11 @@ def readable_paths() -> list[Path]:
         Path(prefix).resolve()
         for prefix in {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix}
     ]
-    closed = [Path(__file__).resolve().parents[1], Path.home().resolve()]
+    # ptxgym's checkout, where it runs from one (an editable install); installed from a wheel,
+    # the folder above the package is site-packages, which must stay readable.
+    above = Path(__file__).resolve().parents[1]
+    checkout = [above] if (above / "setup.cfg").is_file() or (above / ".git").exists() else []
+    closed = [*checkout, Path.home().resolve()]
     found += [p for p in prefixes if not any(place.is_relative_to(p) for place in closed)]
     configured = {
         Path(entry).resolve()

@@ -44,9 +44,12 @@ from ptxgym.sanitizer import SanitizerReport
 from ptxgym.single_call import CallJob
 from ptxgym.tasks import Task, WorkloadSpec
 from ptxgym.timing import (
+    HOST_ALLOWANCE_MS,
+    HOST_ALLOWANCE_RATIO,
     TIMED_CALLS,
     TRIALS,
     WARMUP_CALLS,
+    CallSchedule,
     Timer,
     WorkloadTiming,
 )
@@ -136,8 +139,8 @@ class JudgeSettings:
     # host's launches and synchronisation about 1.3 ms under load; the ratio lets a long call
     # set up on the host for as long as it computes. A claim can be forged this much below the
     # calls' real time (docs/security.md).
-    host_allowance_ms: float = 2.0
-    host_allowance_ratio: float = 1.0
+    host_allowance_ms: float = HOST_ALLOWANCE_MS
+    host_allowance_ratio: float = HOST_ALLOWANCE_RATIO
     memcheck: bool = True
     racecheck: bool = False
     sanitizer_timeout_s: float = DEFAULT_SANITIZER_TIMEOUT_S
@@ -656,8 +659,8 @@ class Judge:
     def _timing_plan(self) -> _TimingPlan:
         """Fresh inputs for every call of a timed loop, from a seed of this evaluation, and
         which timed calls are checked: ``timed_checks`` of them, at random."""
-        first = self.settings.warmup
-        timed = range(first, first + self.settings.iters * self.settings.trials)
+        settings = self.settings
+        timed = CallSchedule(settings.warmup, settings.iters, settings.trials).timed
         picks = _random.sample(timed, min(self.settings.timed_checks, len(timed)))
         return _TimingPlan(secrets.randbits(60), frozenset(picks))
 
@@ -920,14 +923,13 @@ class Conversation:
     def _timing(self, message: protocol.Message) -> None:
         """Take a workload's timing, bounded by what the judge saw of its calls."""
         workload = message.due.workload
-        first = self.settings.warmup
-        timed = range(first, first + self.script.timed_calls)
+        timed = self.script.schedule.timed
         judged = protocol.judged_latency(
             message.call_ms,
             [self.clocks[call] for call in timed],
             self.settings.iters,
             self.settings.trials,
-            first_call=first,
+            timed_calls=timed,
             allowance_ms=self.settings.host_allowance_ms,
             allowance_ratio=self.settings.host_allowance_ratio,
         )

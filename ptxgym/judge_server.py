@@ -46,6 +46,7 @@ import contextlib
 import dataclasses
 import fcntl
 import hashlib
+import importlib
 import json
 import math
 import os
@@ -229,13 +230,50 @@ def read_answer(message: list[Any]) -> tuple[int | None, str, Any]:
     raise MessageError(f"a malformed answer of kind {str(kind)[:40]!r}", request_id)
 
 
+DEFAULT_JUDGE = "ptxgym.judge:Judge"
+
+
+def start_private_judge(
+    device: int, settings: JudgeSettings, factory: str = DEFAULT_JUDGE
+) -> tuple[Connection, subprocess.Popen[bytes]]:
+    """Start a judge private to this process: ``python -m ptxgym.judge_server private``, a
+    program of its own, talking over a socket pair. Not multiprocessing's ``spawn``, which runs
+    the parent's main script again in the child: a user's script without an
+    ``if __name__ == "__main__":`` guard (as RL scripts and the README's snippet are written)
+    would then step an env inside the judge's start-up. The child sees the parent's module path,
+    so ``factory`` (``module:name``) may name anything the parent can import."""
+    ours, theirs = sockets.socketpair(sockets.AF_UNIX, sockets.SOCK_STREAM)
+    module_path = os.pathsep.join(entry for entry in sys.path if entry)
+    command = [
+        sys.executable,
+        "-m",
+        "ptxgym.judge_server",
+        "private",
+        str(theirs.fileno()),
+        str(device),
+        json.dumps(dataclasses.asdict(settings)),
+        factory,
+    ]
+    try:
+        process = subprocess.Popen(
+            command,
+            pass_fds=(theirs.fileno(),),
+            env={**os.environ, "PYTHONPATH": module_path},
+            stdin=subprocess.DEVNULL,
+        )
+    finally:
+        theirs.close()
+    return Connection(ours.detach()), process
+
+
 def judge_main(
     conn: Connection,
     device: int,
     settings: JudgeSettings,
     factory: Callable[[int, JudgeSettings], Judge] = Judge,
 ) -> None:
-    """Process entry of a judge private to one evaluator process: serve ``conn`` until it closes.
+    """Serve the requests of a judge private to one evaluator process on ``conn`` until it
+    closes (``python -m ptxgym.judge_server private``, started by ``start_private_judge``).
 
     ``factory`` makes the judge (tests give a stand-in that needs no GPU).
     """
@@ -392,7 +430,7 @@ def _start_server(
 ) -> subprocess.Popen[bytes]:
     environment = {**os.environ, "CUDA_VISIBLE_DEVICES": physical_device(device)}
     with files.log.open("ab") as log:
-        return subprocess.Popen(
+        server = subprocess.Popen(
             [
                 sys.executable,
                 "-m",
@@ -407,6 +445,10 @@ def _start_server(
             stderr=subprocess.STDOUT,
             start_new_session=True,  # detached: it outlives the process that started it
         )
+    # It stops by itself once idle, maybe while this process lives on: reaped then, not left a
+    # zombie for as long as this process runs.
+    threading.Thread(target=server.wait, name="judge-server-reaper", daemon=True).start()
+    return server
 
 
 def _wait_for_server(files: ServerFiles, key: bytes, server: subprocess.Popen[bytes]) -> Connection:
@@ -504,7 +546,15 @@ def _authenticate(conn: Connection, key: bytes) -> None:
 
 
 def main(argv: list[str]) -> int:
-    """``python -m ptxgym.judge_server SOCKET KEYFILE SETTINGS_JSON``."""
+    """``python -m ptxgym.judge_server SOCKET KEYFILE SETTINGS_JSON``: the shared server.
+    ``python -m ptxgym.judge_server private FD DEVICE SETTINGS_JSON FACTORY``: a private judge
+    serving the socket inherited as descriptor FD (``start_private_judge``)."""
+    if len(argv) == 5 and argv[0] == "private":
+        settings = JudgeSettings(**json.loads(argv[3]))
+        module, name = argv[4].split(":")
+        factory = getattr(importlib.import_module(module), name)
+        judge_main(Connection(int(argv[1])), int(argv[2]), settings, factory)
+        return 0
     if len(argv) != 3:
         print("usage: python -m ptxgym.judge_server SOCKET KEYFILE SETTINGS_JSON", file=sys.stderr)
         return 2

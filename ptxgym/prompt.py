@@ -1,7 +1,9 @@
 """The first observation: task, contract, target, protocol, output format and knowledge pack.
 
 Three prompt variants say the same facts in different framings (the paper reports results as
-mean and range over variants, so a model is not tuned to one wording).
+mean and range over variants, so a model is not tuned to one wording). The evaluation section
+states the timing protocol from the constants the judge's settings default to
+(``ptxgym.timing``, which imports nothing heavy), so the prompt says what the judge does.
 """
 
 from __future__ import annotations
@@ -12,6 +14,13 @@ from ptxgym.compiler import link_command, nvcc_command
 from ptxgym.packs import PackPart, estimate_tokens, load_pack
 from ptxgym.policy import ALLOWED_SYSTEM_HEADERS, MAX_SOURCE_CHARS, pack_header_name
 from ptxgym.tasks import DTYPE_BYTES, Task
+from ptxgym.timing import (
+    HOST_ALLOWANCE_MS,
+    HOST_ALLOWANCE_RATIO,
+    TIMED_CALLS,
+    TRIALS,
+    WARMUP_CALLS,
+)
 
 PROMPT_VARIANTS = (0, 1, 2)
 
@@ -189,20 +198,28 @@ def _evaluation_section(task: Task) -> str:
             f"atol={tolerance.atol:g}, rtol={tolerance.rtol:g})` against a float32 reference; no "
             "NaN/Inf; inputs must be unchanged after the call. A second stage repeats the check "
             "on inputs with a few large outliers.",
-            "3. Memory safety with compute-sanitizer memcheck.",
-            "4. Timing: 10 warm-up and 50 timed calls per trial, 3 trials, median per trial, "
+            f"3. Timing: {WARMUP_CALLS} warm-up and then {TIMED_CALLS} timed calls per trial, "
+            f"{TRIALS} trials, median per trial, "
             "device time of all work your call launches on any stream, L2 flushed before each "
             "call, fresh inputs for every call; the outputs of a few timed calls, chosen at "
             "random, are checked like the trials. The library baseline is timed the same way; "
             "speedup = baseline time / your time. Host work inside your call is not device "
-            "time: a call whose wall time exceeds its device time by more than max(2 ms, the "
-            "device time) is a RUNTIME_ERROR.",
+            "time: a call whose wall time exceeds its device time by more than "
+            f"max({HOST_ALLOWANCE_MS:g} ms, {_times(HOST_ALLOWANCE_RATIO)}the device time) is a "
+            "RUNTIME_ERROR.",
+            "4. Memory safety, after timing: compute-sanitizer memcheck reruns one call of a "
+            "kernel that ran (or crashed); an invalid access turns the result into MEMORY_ERROR.",
             "5. The instruction profile above, for correct kernels.",
             "",
             "Statuses: FORMAT_ERROR, POLICY_VIOLATION, COMPILE_ERROR, RUNTIME_ERROR, TIMEOUT, "
             "MEMORY_ERROR, INCORRECT_SHAPE, INCORRECT_DTYPE, INCORRECT_NUMERICAL, PASSED.",
         ]
     )
+
+
+def _times(ratio: float) -> str:
+    """``ratio`` as a factor written before a quantity ("" for 1)."""
+    return "" if ratio == 1 else f"{ratio:g} x "
 
 
 def _rules_section(task: Task) -> str:

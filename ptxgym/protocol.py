@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ptxgym.tasks import Task, WorkloadSpec
-from ptxgym.timing import TIMING_METHODS, TIMING_PHASES, latency_of
+from ptxgym.timing import TIMING_METHODS, TIMING_PHASES, CallSchedule, latency_of
 
 if TYPE_CHECKING:
     import torch
@@ -163,10 +163,11 @@ class Script:
         iters: int,
         trials: int,
     ) -> None:
+        self.schedule = CallSchedule(warmup, iters, trials)
         self.timed_calls = iters * trials
         self._inputs = frozenset(inputs)
         self._outputs = {workload.name: workload.outputs for workload in workloads}
-        self._steps = _steps(workloads, warmup, warmup + self.timed_calls)
+        self._steps = _steps(workloads, self.schedule)
         self._next = 0
 
     @property
@@ -235,11 +236,11 @@ class Script:
         return tuple(names)
 
 
-def _steps(workloads: Sequence[WorkloadScript], warmup: int, calls: int) -> list[Due]:
+def _steps(workloads: Sequence[WorkloadScript], schedule: CallSchedule) -> list[Due]:
     steps = [Due(CHECK, w.name, stage=stage) for w in workloads for stage in w.stages]
     for workload in workloads:
-        for call in range(calls):
-            warming = call < warmup
+        for call in range(schedule.calls):
+            warming = not schedule.is_timed(call)
             steps.append(Due(CALLING, workload.name, call=call, warmup=warming))
             steps.append(Due(RAN, workload.name, call=call, warmup=warming))
             if call in workload.kept and not warming:
@@ -334,7 +335,7 @@ def judged_latency(
     iters: int,
     trials: int,
     *,
-    first_call: int,
+    timed_calls: Sequence[int],
     allowance_ms: float,
     allowance_ratio: float,
 ) -> JudgedTiming:
@@ -345,12 +346,12 @@ def judged_latency(
     wall time (the same formula over ``wall_ms``) may exceed the claimed latency only by what a
     call's host side adds, at most ``max(allowance_ms, allowance_ratio x latency)``: beyond it
     the calls spent time the device timer does not see, or the claim was forged
-    (``TimingDisagreement``). ``first_call``: the index of the first timed call (the warm-up
-    calls come before it)."""
-    for index, (claim, clock) in enumerate(zip(claimed_ms, clocks, strict=True)):
+    (``TimingDisagreement``). ``timed_calls``: the timed calls' numbers (``CallSchedule``), in
+    the order of ``claimed_ms`` and ``clocks``."""
+    for call, claim, clock in zip(timed_calls, claimed_ms, clocks, strict=True):
         if claim > clock.bracket_ms * (1 + _CLOCK_RATE_SLACK) + _CLOCK_SLACK_MS:
             raise ProtocolError(
-                f"timed call {first_call + index} is claimed to have taken {claim:.4f} ms of "
+                f"timed call {call} is claimed to have taken {claim:.4f} ms of "
                 f"device time, but it lay within {clock.bracket_ms:.4f} ms of the judge's clock"
             )
     medians, latency = latency_of(claimed_ms, iters, trials)

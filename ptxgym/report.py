@@ -4,7 +4,9 @@
 (name and knowledge level); within a run there is one row per task. Each metric is computed per
 prompt variant over that variant's trajectories, then shown as the mean over variants with the
 min–max across them; the target-instruction value comes first and the unrestricted value follows
-in parentheses.
+in parentheses. Each run also says what was measured whatever ran: how many turns were built, and
+which target instructions their SASS holds; when no turn reached a GPU, the table and the plot
+say that their zeros were not measured.
 """
 
 from __future__ import annotations
@@ -16,14 +18,20 @@ from collections import Counter, defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from ptxgym.metrics import TURN_LIMITS, Summary, Trajectory, best_speedup, fast_p_curve, summarize
+from ptxgym.outcome import Status
 from ptxgym.records import TurnRecord, read_records
+from ptxgym.tasks import get_task
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 Format = Literal["md", "csv", "json"]
 FORMATS: tuple[Format, ...] = ("md", "csv", "json")
 UNDEFINED = "–"
+NOTHING_RAN = "No turn ran on a GPU"
 
 
 @dataclass
@@ -50,6 +58,20 @@ class RecordedRun:
             for trajectories in variants.values()
             for turns in trajectories.values()
         )
+
+    def records(self) -> list[TurnRecord]:
+        return [
+            record
+            for variants in self.tasks.values()
+            for trajectories in variants.values()
+            for turns in trajectories.values()
+            for record in turns.values()
+        ]
+
+    @property
+    def reached_gpu(self) -> bool:
+        """Whether any turn was run on a GPU (built turns of a compile-only run were not)."""
+        return any(_reached_gpu(record) for record in self.records())
 
     def trajectories(self, task_id: str, variant: int | None = None) -> list[Trajectory]:
         """Each trajectory's turns in order, for one variant or pooled over all of them."""
@@ -165,6 +187,55 @@ def load(paths: Sequence[Path]) -> list[RecordedRun]:
     return list(runs.values())
 
 
+def _reached_gpu(record: TurnRecord) -> bool:
+    status = Status(record.status)
+    return status.compiled and status is not Status.COMPILED
+
+
+def _family_names(task_id: str) -> dict[str, str]:
+    """The task's target-instruction families by key (``compute`` → ``wgmma``); the bare keys
+    for a task that is not registered here."""
+    try:
+        families = get_task(task_id).target.instruction_families
+    except KeyError:
+        return {}
+    return {key: family.name for key, family in families.items()}
+
+
+def measured(run: RecordedRun) -> list[str]:
+    """What a run measured without running anything: builds, and target instructions in SASS."""
+    records = run.records()
+    built = [record for record in records if Status(record.status).compiled]
+    present: Counter[str] = Counter()
+    inspected: Counter[str] = Counter()
+    for record in built:
+        sass = (record.outcome.get("compile") or {}).get("sass") or {}
+        if sass.get("error") is not None:
+            continue
+        names = _family_names(record.task_id)
+        for key, found in (sass.get("families_present") or {}).items():
+            name = names.get(key, key)
+            inspected[name] += 1
+            present[name] += bool(found)
+    lines = [
+        f"Built: {len(built)} of {_count(len(records), 'turn')} "
+        f"({len(built) / len(records):.0%})."
+        + (
+            " Target instructions in the SASS of built turns (static): "
+            + ", ".join(f"{name} in {present[name]} of {n}" for name, n in inspected.items())
+            + "."
+            if inspected
+            else ""
+        )
+    ]
+    if not run.reached_gpu:
+        lines.append(
+            f"{NOTHING_RAN} (compile-only evaluation), so correctness, speed and the target "
+            "instructions' execution were not measured: the zeros below are not results."
+        )
+    return lines
+
+
 def turn_limits(longest: int) -> list[int]:
     """The paper's ≤1/≤4/≤8 limits, cut to the run's length (a 2-turn run shows ≤1 and ≤2)."""
     return sorted({k for k in TURN_LIMITS if k <= longest} | {min(longest, max(TURN_LIMITS))})
@@ -267,6 +338,7 @@ def _markdown(runs: Sequence[RecordedRun], table: Sequence[Row], ps: Sequence[fl
             + ", ".join(f"{status} {n}" for status, n in statuses.most_common())
             + ".",
             "",
+            *(line for fact in measured(run) for line in (fact, "")),
         ]
         columns = [(metric, p, k) for metric, p in _columns(ps) for k in limits]
         lines.append("| task | " + " | ".join(_header(*column) for column in columns) + " |")
@@ -294,9 +366,17 @@ def _markdown(runs: Sequence[RecordedRun], table: Sequence[Row], ps: Sequence[fl
 
 
 def plot_fast_p(runs: Sequence[RecordedRun], path: Path) -> None:
+    """Save :func:`fast_p_figure` as PNG."""
+    figure = fast_p_figure(runs)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, format="png", dpi=120)
+
+
+def fast_p_figure(runs: Sequence[RecordedRun]) -> Figure:
     """Fast_p^Inst and Fast_p against the threshold p, one line per task (variants pooled).
 
-    A dashed vertical line marks each task's best counting speedup. Saved as PNG.
+    A dashed vertical line marks each task's best counting speedup. When no turn ran on a GPU,
+    each panel says so, since its flat zero lines were not measured.
     """
     # Imported here: matplotlib is slow to import and only the plot needs it. The Agg canvas is
     # used directly, so a caller's pyplot backend is left alone.
@@ -348,6 +428,16 @@ def plot_fast_p(runs: Sequence[RecordedRun], path: Path) -> None:
                     fontsize=8,
                     color=color,
                 )
+        if not any(run.reached_gpu for run in runs):
+            ax.text(
+                0.5,
+                0.5,
+                f"{NOTHING_RAN}:\ncorrectness and speed were not measured",
+                transform=ax.transAxes,
+                ha="center",
+                va="center",
+                fontsize=11,
+            )
         ax.set_xscale("log")
         ax.set_xlim(low, high)
         ax.set_ylim(0.0, 1.02)
@@ -356,5 +446,4 @@ def plot_fast_p(runs: Sequence[RecordedRun], path: Path) -> None:
         ax.grid(True, which="both", alpha=0.3)
     axes[0].set_ylabel("fraction of turns")
     figure.legend(*axes[0].get_legend_handles_labels(), loc="outside right upper", fontsize=8)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, format="png", dpi=120)
+    return figure

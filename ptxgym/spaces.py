@@ -4,6 +4,12 @@ Gymnasium's ``Text`` accepts only its charset (alphanumeric by default; even ``s
 rejects ``é`` or ``—``), so a model reply or a prompt would fall outside it. ``SourceText`` accepts
 any ``str`` within its length bound; its charset serves only ``sample()``, whose lengths are capped
 so that environment checks stay fast.
+
+Gymnasium's ``AsyncVectorEnv`` with ``shared_memory=True`` (its default, and what
+``gym.make_vec(..., vectorization_mode="async")`` uses) cannot carry text: it encodes each
+character as an index into the charset, and it decodes the buffer once, when the vector env is
+built, so later observations would never reach the caller. ``SourceText`` therefore refuses shared
+memory when the vector env is built, with a message that says what to pass instead.
 """
 
 from __future__ import annotations
@@ -12,7 +18,11 @@ import string
 from typing import Any
 
 import numpy as np
+from gymnasium.error import CustomSpaceError
 from gymnasium.spaces import Text
+from gymnasium.vector.utils import create_shared_memory
+
+VECTOR_KWARGS_FOR_TEXT = {"shared_memory": False, "context": "spawn"}
 
 
 class SourceText(Text):
@@ -43,3 +53,13 @@ class SourceText(Text):
 
     def __repr__(self) -> str:
         return f"SourceText(max_length={self.max_length})"
+
+
+@create_shared_memory.register(SourceText)
+def _refuse_shared_memory(space: SourceText, n: int = 1, ctx: Any = None) -> None:
+    raise CustomSpaceError(
+        f"{space!r} observations cannot travel through Gymnasium's shared memory (it decodes "
+        f"text only once, when the vector env is built): pass "
+        f"vector_kwargs={VECTOR_KWARGS_FOR_TEXT!r} to gym.make_vec, or the same keywords to "
+        f"AsyncVectorEnv (spawn, because a CUDA-using evaluator must not be forked)"
+    )

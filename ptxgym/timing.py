@@ -1,7 +1,9 @@
 """Device time of a call: all work it launches, on any stream, with a cold L2.
 
 Used the same way for candidates (in the worker) and baselines (in the judge), so the two are
-comparable. Before every timed call, outside the measured window: the caller's ``prepare`` (poison
+comparable. A measurement is ``trials`` trials, each ``warmup`` untimed calls and then ``iters``
+timed ones (``CallSchedule``: PTXBench's protocol, 10 warm-up and 50 timed calls per trial, 3
+trials). Before every timed call, outside the measured window: the caller's ``prepare`` (poison
 outputs, pick the input set), an L2 flush (a write over twice the L2 size), and a reset of the
 persisting-L2 carve-out. The caller may also be told, outside the window too, when each call
 (warm-up included) is about to start and when it is over, the device synchronised
@@ -30,6 +32,12 @@ from typing import Any
 WARMUP_CALLS = 10
 TIMED_CALLS = 50
 TRIALS = 3
+# How much longer than its claimed device time a timed call may take on the judge's clock:
+# max(HOST_ALLOWANCE_MS, HOST_ALLOWANCE_RATIO x the device time) (the judge's settings'
+# defaults; ptxgym.protocol.judged_latency). Here, beside the protocol, so that the prompt
+# states the judge's numbers without importing the judge.
+HOST_ALLOWANCE_MS = 2.0
+HOST_ALLOWANCE_RATIO = 1.0
 # The parts of a measurement's host time (``TimingResult.phase_seconds``).
 TIMING_PHASES = ("prepare", "flush", "calls", "messages", "cupti")
 # How a measurement timed the calls (``TimingResult.method``): CUPTI's device records, or the
@@ -51,6 +59,30 @@ class TimingResult:
     # (the call and the synchronisation after it), ``messages`` (the caller's ``before`` and
     # ``after``), ``cupti`` (starting, flushing and reading the activity).
     phase_seconds: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class CallSchedule:
+    """The calls of one measurement in order, numbered from the first warm-up call: each of
+    ``trials`` trials is ``warmup`` untimed calls, then ``iters`` timed ones. The worker, the
+    judge's script of the conversation and its choice of checked calls all number calls so."""
+
+    warmup: int
+    iters: int
+    trials: int
+
+    @property
+    def calls(self) -> int:
+        """How many calls the measurement makes, warm-up included."""
+        return self.trials * (self.warmup + self.iters)
+
+    def is_timed(self, call: int) -> bool:
+        return 0 <= call < self.calls and call % (self.warmup + self.iters) >= self.warmup
+
+    @property
+    def timed(self) -> tuple[int, ...]:
+        """The timed calls' numbers, in order."""
+        return tuple(call for call in range(self.calls) if self.is_timed(call))
 
 
 def latency_of(
@@ -231,28 +263,23 @@ class Timer:
         before: Callable[[int], None] | None = None,
         after: Callable[[int], None] | None = None,
     ) -> TimingResult:
-        """Time ``call(i)`` ``iters`` times per trial after ``warmup`` untimed calls.
+        """Time ``call(i)`` ``iters`` times per trial, each trial after ``warmup`` untimed
+        calls; ``i`` numbers the calls in order, warm-up included (``CallSchedule``).
 
         ``before(i)``, when given, runs right before call ``i`` (its preparation and the L2
         flush done, the device synchronised), and ``after(i)`` right after it, the device
         synchronised; both for the warm-up calls too, and neither inside the measured window."""
-        torch = self.torch
         self._phases = dict.fromkeys(TIMING_PHASES, 0.0)
         hooks = _Hooks(before, after, self._phases)
-        for index in range(warmup):
-            with self._phase("prepare"):
-                prepare(index)
-                # The call may run on a stream of its own: order it after the preparation.
-                torch.cuda.synchronize()
-            hooks.before(index)
-            with self._phase("prepare"):
-                call(index)
-                torch.cuda.synchronize()
-            hooks.after(index)
-        if self.cupti is None:
-            times, reset_ok = self._timed_by_host(call, prepare, hooks, warmup, trials * iters)
-        else:
-            times, reset_ok = self._timed_by_cupti(call, prepare, hooks, warmup, trials * iters)
+        timed_by = self._timed_by_host if self.cupti is None else self._timed_by_cupti
+        times: list[float] = []
+        reset_ok = True
+        for trial in range(trials):
+            first = trial * (warmup + iters)
+            self._warm_up(call, prepare, hooks, first, warmup)
+            trial_times, trial_reset_ok = timed_by(call, prepare, hooks, first + warmup, iters)
+            times += trial_times
+            reset_ok = reset_ok and trial_reset_ok
         medians, latency = latency_of(times, iters, trials)
         return TimingResult(
             method="cupti" if self.cupti is not None else "host-sync",
@@ -262,6 +289,26 @@ class Timer:
             persisting_l2_reset=reset_ok,
             phase_seconds=dict(self._phases),
         )
+
+    def _warm_up(
+        self,
+        call: Callable[[int], None],
+        prepare: Callable[[int], None],
+        hooks: _Hooks,
+        first: int,
+        count: int,
+    ) -> None:
+        """``count`` untimed calls from index ``first``."""
+        for index in range(first, first + count):
+            with self._phase("prepare"):
+                prepare(index)
+                # The call may run on a stream of its own: order it after the preparation.
+                self.torch.cuda.synchronize()
+            hooks.before(index)
+            with self._phase("prepare"):
+                call(index)
+                self.torch.cuda.synchronize()
+            hooks.after(index)
 
     def _phase(self, name: str) -> AbstractContextManager[None]:
         return seconds_into(self._phases, name)

@@ -16,6 +16,7 @@ import ctypes
 import faulthandler
 import importlib
 import os
+import re
 from collections.abc import Callable, Mapping
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -186,11 +187,22 @@ def worker_main(
     try:
         _serve(conn, job, timer, arena)
     except Exception as exc:  # the candidate broke the CUDA context, or raised through ctypes
-        channel.send(conn, {"kind": "error", "message": _first_line(exc)})
+        channel.send(conn, {"kind": "error", "message": error_text(exc)})
     conn.close()
 
 
-def _first_line(exc: BaseException) -> str:
+# torch's out-of-memory text names every other process on the GPU with its PID and memory use:
+# of it, only the size asked for is passed on.
+_OUT_OF_MEMORY_RE = re.compile(r"Tried to allocate ([\d.]+ [KMGT]?i?B)")
+
+
+def error_text(exc: BaseException) -> str:
+    """What the feedback says of an exception in the worker: its type and first line, or, for
+    running out of GPU memory, only how much was asked for."""
+    if type(exc).__name__ == "OutOfMemoryError":
+        asked = _OUT_OF_MEMORY_RE.search(str(exc))
+        size = f" (tried to allocate {asked.group(1)})" if asked else ""
+        return f"OutOfMemoryError: the GPU ran out of memory{size}"
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[0] if text else ''}"
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -95,3 +96,64 @@ def test_baseline_without_a_gpu_says_so() -> None:
         pytest.skip("this machine has a GPU")
     result = run("baseline", "PTX-B200-GQADecode")
     assert result.returncode == 2 and "needs any sm_100 GPU" in result.stderr
+
+
+def test_list_by_gpu_name_in_any_case_includes_the_gpus_that_run_the_tasks(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    for name in ("h100", "H200", "h200"):
+        assert main(["list", "--gpu", name, "--json"]) == 0
+        ids = [task["id"] for task in json.loads(capsys.readouterr().out)]
+        assert len(ids) == 15 and all(task_id.startswith("PTX-H100-") for task_id in ids)
+    assert main(["list", "--gpu", "gb200", "--json"]) == 0
+    assert "PTX-B200-GEMM" in capsys.readouterr().out
+
+
+def test_list_with_an_unknown_gpu_names_the_known_ones(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["list", "--gpu", "A100"]) == 2
+    assert "one of B200, GB200, H100, H200" in capsys.readouterr().err
+
+
+def test_output_cut_short_by_the_reader_ends_quietly() -> None:
+    # The prompt (over 100,000 characters) outgrows the pipe's buffer, so the CLI is still
+    # writing when the reader leaves after one line, as `ptxgym prompt ID | head -1` does.
+    # Unbuffered, Python writes once per print and drops what the pipe refused, so the
+    # test runs with buffered output, as a shell runs the CLI by default.
+    environment = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "ptxgym", "prompt", "PTX-H100-GEMM"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=environment,
+    )
+    assert process.stdout is not None and process.stderr is not None
+    assert process.stdout.readline() == "# Task PTX-H100-GEMM\n"
+    process.stdout.close()
+    stderr = process.stderr.read()
+    assert process.wait() == 141
+    assert "Traceback" not in stderr and "BrokenPipeError" not in stderr
+
+
+def test_missing_nvcc_with_a_wrong_cuda_home_is_a_one_line_error(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "ptxgym", "compile", "PTX-H100-GEMM", str(NAIVE_GEMM)],
+        capture_output=True,
+        text=True,
+        check=False,
+        # An empty PATH, so that nvcc can only come from CUDA_HOME.
+        env={**os.environ, "PATH": str(tmp_path), "CUDA_HOME": str(tmp_path / "no-cuda")},
+    )
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
+    assert "nvcc was not found" in result.stderr and "no-cuda has no bin/nvcc" in result.stderr
+
+
+def test_eval_json_without_a_gpu_prints_json_saying_why() -> None:
+    from ptxgym.gpus import visible_gpus
+
+    if visible_gpus():
+        pytest.skip("this machine has a GPU")
+    result = run("eval", "PTX-H100-GEMM", str(NAIVE_GEMM), "--json")
+    assert result.returncode == 2
+    assert "no NVIDIA GPU is visible" in json.loads(result.stdout)["error"]

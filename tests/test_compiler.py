@@ -5,14 +5,16 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from ptxgym import compiler, paths
+from ptxgym import build_budget, compiler, paths, processes
 from ptxgym.compiler import COMPILER_NICENESS, build_source, compile_source
 from ptxgym.evaluator import CompileOnlyEvaluator
 from ptxgym.outcome import Status
@@ -140,15 +142,46 @@ COMPILE_BOMB = (
 )
 
 
-def test_compile_bomb_times_out_and_its_processes_are_killed() -> None:
-    started = time.perf_counter()
-    result = compile_source(COMPILE_BOMB, GEMM, timeout_s=3)
-    assert result.timed_out and not result.ok
-    assert time.perf_counter() - started < 15
-    assert not _live_processes("cicc"), "the compiler's process group must be killed"
+@pytest.fixture
+def build_groups(monkeypatch: pytest.MonkeyPatch) -> set[int]:
+    """The process groups that this test's builds start (``ptxgym.processes.ProcessGroup``), so
+    that it looks only at its own compilers, whatever else builds on the machine."""
+    groups: set[int] = set()
+    # A slot of its own even while other builds on the machine hold theirs: these tests judge
+    # the build's processes, not the build budget (tests/test_build_budget.py does).
+    monkeypatch.setenv(build_budget.BUDGET_ENV, "4096")
+
+    class Recorded(processes.ProcessGroup):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            groups.add(self.process.pid)  # the leader of a new session: its group's id
+
+    monkeypatch.setattr(processes, "ProcessGroup", Recorded)
+    return groups
 
 
-def test_the_compiler_runs_at_a_lower_cpu_priority(tmp_path: Path) -> None:
+def test_compile_bomb_times_out_and_its_processes_are_killed(
+    build_groups: set[int], tmp_path: Path
+) -> None:
+    # Another build's compiler, as when builds run beside the tests: not this test's to judge.
+    decoy_program = tmp_path / "cicc"
+    shutil.copy("/bin/sleep", decoy_program)
+    decoy = subprocess.Popen([str(decoy_program), "60"], start_new_session=True)
+    try:
+        started = time.perf_counter()
+        result = compile_source(COMPILE_BOMB, GEMM, timeout_s=3, cache_root=tmp_path / "cache")
+        assert result.timed_out and not result.ok
+        assert time.perf_counter() - started < 15
+        # It timed out building, not waiting for a build slot.
+        assert build_groups, "the build started no process group"
+        assert not _live_processes("cicc", build_groups), "the compiler's group must be killed"
+        assert decoy.poll() is None and str(decoy.pid) in _live_processes("cicc", {decoy.pid})
+    finally:
+        decoy.kill()
+        decoy.wait()
+
+
+def test_the_compiler_runs_at_a_lower_cpu_priority(build_groups: set[int], tmp_path: Path) -> None:
     """cicc, started by nvcc, has the niceness the build asked for: builds yield the CPU to the
     processes that hold the GPU."""
     own = os.nice(0)
@@ -157,7 +190,7 @@ def test_the_compiler_runs_at_a_lower_cpu_priority(tmp_path: Path) -> None:
         niceness: list[int] = []
         deadline = time.monotonic() + 8
         while not niceness and time.monotonic() < deadline:
-            for pid in _live_processes("cicc"):
+            for pid in _live_processes("cicc", build_groups):
                 with contextlib.suppress(OSError, IndexError):
                     niceness.append(int(stat_fields(Path(f"/proc/{pid}/stat"))[16]))
             time.sleep(0.05)
@@ -165,9 +198,15 @@ def test_the_compiler_runs_at_a_lower_cpu_priority(tmp_path: Path) -> None:
     assert niceness and set(niceness) == {min(own + COMPILER_NICENESS, 19)} and min(niceness) > own
 
 
-def _live_processes(name: str) -> list[str]:
-    """Processes called ``name`` that still run (zombies, already dead, are left out)."""
-    found = subprocess.run(["pgrep", "-x", name], capture_output=True, text=True).stdout.split()
+def _live_processes(name: str, groups: set[int]) -> list[str]:
+    """Processes called ``name`` in one of the process ``groups`` that still run (zombies,
+    already dead, are left out)."""
+    if not groups:
+        return []
+    listed = ",".join(map(str, sorted(groups)))
+    found = subprocess.run(
+        ["pgrep", "-x", "-g", listed, name], capture_output=True, text=True
+    ).stdout.split()
     live = []
     for pid in found:
         try:

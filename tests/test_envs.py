@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pickle
+import warnings
 
 import gymnasium as gym
 import pytest
@@ -27,10 +28,18 @@ def test_every_task_is_registered_on_import() -> None:
 
 
 @pytest.mark.parametrize("spec", PTX_SPECS, ids=lambda spec: spec.id)
-def test_check_env(spec: gym.envs.registration.EnvSpec) -> None:
+def test_check_env_passes_quietly(
+    spec: gym.envs.registration.EnvSpec, capsys: pytest.CaptureFixture[str]
+) -> None:
     env = spec.make(disable_env_checker=True, evaluator="compile-only")
-    check_env(env.unwrapped, skip_render_check=True)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        # The render check makes the env in each render mode and renders it after reset.
+        check_env(env.unwrapped)
     env.close()
+    assert [str(warning.message) for warning in caught] == []
+    printed = capsys.readouterr().out
+    assert len(printed) < 200 and spec.id in printed  # the human render's one line
 
 
 @pytest.mark.parametrize("spec", PTX_SPECS, ids=lambda spec: spec.id)
@@ -137,6 +146,10 @@ def test_custom_reward_callable() -> None:
 def test_render_modes() -> None:
     env = PTXKernelEnv("PTX-H100-GEMM", render_mode="ansi")
     env.reset()
+    assert env.render() == (
+        f"PTX-H100-GEMM: turn 0 of 8; the prompt ({len(env.prompt.text):,} characters) "
+        "is the observation"
+    )
     env.step("no code")
     assert "FORMAT_ERROR" in (env.render() or "")
 

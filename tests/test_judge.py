@@ -247,7 +247,7 @@ def _serve_on_the_cpu(conn: Connection) -> None:
     try:
         worker._serve(conn, job, timer, arena)
     except Exception as exc:
-        channel.send(conn, {"kind": "error", "message": worker._first_line(exc)})
+        channel.send(conn, {"kind": "error", "message": worker.error_text(exc)})
     finally:
         arena.close()
         conn.close()
@@ -287,7 +287,7 @@ def _evaluate_on_the_cpu() -> Verdict:
         baseline_ms=1.0,
         baseline_method="cupti",
     )
-    plans = {"small": _TimingPlan(seed=1000, checked=frozenset({3, 8, 16}))}
+    plans = {"small": _TimingPlan(seed=1000, checked=frozenset({3, 9, 16}))}
     judge_end, worker_end = multiprocessing.Pipe()
     job = _worker_job(SMALL_GEMM, "candidate.so", [state], plans, SHORT)
     arena = channel.Arena.create(_output_bytes(SMALL_GEMM, SMALL))
@@ -313,7 +313,7 @@ def test_the_workers_conversation_is_the_one_the_judge_expects() -> None:
     assert verdict.status is Status.PASSED, verdict.message
     assert [check.stage for check in verdict.checks][4:] == [
         "timed call 3",
-        "timed call 8",
+        "timed call 9",
         "timed call 16",
     ]
     (timing,) = verdict.timings
@@ -330,3 +330,20 @@ def test_an_entry_point_failing_while_timed_is_a_runtime_error(
     assert verdict.status is Status.RUNTIME_ERROR
     assert verdict.message.startswith("the entry point returned 700 (")
     assert verdict.message.endswith(") while being timed")
+
+
+def test_an_out_of_memory_error_passes_on_only_the_size_asked_for() -> None:
+    from ptxgym.worker import error_text
+
+    # torch's text, as on a shared GPU: every other process, with its PID and memory use.
+    class OutOfMemoryError(RuntimeError):
+        pass
+
+    text = (
+        "CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 139.81 GiB "
+        "of which 1.06 GiB is free. Process 4242 has 70.12 GiB memory in use. Process 4343 has "
+        "64.00 GiB memory in use. Of the allocated memory 68.00 GiB is allocated by PyTorch."
+    )
+    message = error_text(OutOfMemoryError(text))
+    assert message == "OutOfMemoryError: the GPU ran out of memory (tried to allocate 2.00 GiB)"
+    assert error_text(ValueError("bad\nsecond line")) == "ValueError: bad"

@@ -47,7 +47,7 @@ class StandInJudge:
 
 @pytest.fixture
 def handle() -> _JudgeHandle:
-    judge = _JudgeHandle.local(0, JudgeSettings(concurrency=4), factory=StandInJudge)  # type: ignore[arg-type]
+    judge = _JudgeHandle.local(0, JudgeSettings(concurrency=4), factory=f"{__name__}:StandInJudge")
     yield judge
     judge.close()
 
@@ -86,7 +86,8 @@ def test_a_dead_judge_fails_pending_requests(handle: _JudgeHandle) -> None:
     handle.evaluate(GEMM, "die")
     with pytest.raises(EvaluatorError, match="stopped before answering"):
         slow.result(timeout=30)
-    handle.process.join(timeout=10)
+    assert handle.process is not None
+    handle.process.wait(timeout=10)
     assert not handle.alive
 
 
@@ -99,4 +100,4 @@ class BrokenJudge:
 
 def test_a_judge_that_cannot_start_says_why() -> None:
     with pytest.raises(EvaluatorError, match="failed to start: RuntimeError: no GPU here"):
-        _JudgeHandle.local(0, JudgeSettings(concurrency=1), factory=BrokenJudge)  # type: ignore[arg-type]
+        _JudgeHandle.local(0, JudgeSettings(concurrency=1), factory=f"{__name__}:BrokenJudge")

@@ -5,13 +5,14 @@ from __future__ import annotations
 import csv
 import io
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from ptxgym.cli import main
 from ptxgym.records import TurnRecord
-from ptxgym.report import report
+from ptxgym.report import NOTHING_RAN, fast_p_figure, load, report
 
 H100, B200 = "PTX-H100-GEMM", "PTX-B200-GEMM"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -158,10 +159,52 @@ def test_each_run_gets_its_own_table(tmp_path: Path) -> None:
     assert "| PTX-H100-GEMM | 1.00 (1.00) | 3.00 (3.00) | 1.00 (1.00) |" in text
 
 
-def test_plot_is_a_png(run_file: Path, tmp_path: Path) -> None:
+def test_plot_draws_each_task_in_both_panels(run_file: Path, tmp_path: Path) -> None:
+    figure = fast_p_figure(load([run_file]))
+    inst, plain = figure.axes
+    assert "Inst" in inst.get_title() and "Inst" not in plain.get_title()
+    for ax in (inst, plain):
+        assert ax.get_xscale() == "log"
+        assert ax.get_xlabel() == "speedup threshold p (× library baseline)"
+        curves = [line.get_label() for line in ax.get_lines()]
+        assert [label for label in curves if not label.startswith("_")] == [H100, B200]
+        assert not [text for text in ax.texts if NOTHING_RAN in text.get_text()]
+    # H100's curves: the best qualified speedup is 2.0, the best of any correct turn also 2.0.
+    assert [text.get_text() for text in inst.texts] == ["2×"]
+    fast = inst.get_lines()[0].get_ydata()
+    assert max(fast) == pytest.approx(0.25) and min(fast) == 0.0  # half of variant 0's turns
     plot = tmp_path / "plots" / "fastp.png"
     report([run_file], plot=plot)
     assert plot.read_bytes().startswith(PNG_MAGIC)
+
+
+def _compiled(number: int, wgmma: bool | None) -> TurnRecord:
+    """A compile-only turn: built (``wgmma`` present in SASS or not), or refused (None)."""
+    record = replace(turn(H100, 0, 0, number), evaluator="compile-only")
+    if wgmma is None:
+        return replace(record, status="COMPILE_ERROR")
+    families = {"compute": wgmma, "data_movement": False}
+    sass = {"families_present": families, "error": None}
+    return replace(record, status="COMPILED", outcome={"compile": {"sass": sass}})
+
+
+COMPILE_ONLY = [_compiled(1, True), _compiled(2, False), _compiled(3, None)]
+
+
+def test_a_run_without_a_gpu_shows_what_was_measured(tmp_path: Path) -> None:
+    text = report([write(tmp_path / "cpu.jsonl", COMPILE_ONLY)])
+    assert (
+        "Built: 2 of 3 turns (67%). Target instructions in the SASS of built turns (static): "
+        "wgmma in 1 of 2, TMA in 0 of 2."
+    ) in text
+    assert f"{NOTHING_RAN} (compile-only evaluation)" in text
+    assert NOTHING_RAN not in report([write(tmp_path / "gpu.jsonl", RECORDS)])
+
+
+def test_the_plot_of_a_run_without_a_gpu_says_nothing_ran(tmp_path: Path) -> None:
+    figure = fast_p_figure(load([write(tmp_path / "cpu.jsonl", COMPILE_ONLY)]))
+    for ax in figure.axes:
+        assert [text.get_text().split(":")[0] for text in ax.texts] == [NOTHING_RAN]
 
 
 def test_cli_report(run_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

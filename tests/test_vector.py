@@ -36,3 +36,37 @@ def test_vector_envs_step_each_env_with_its_own_action(kind: str) -> None:
     assert list(rewards) == pytest.approx([0.1, 0.0])
     assert not any(terminated) and not any(truncated)
     env.close()
+
+
+@pytest.mark.nvcc
+@pytest.mark.parametrize(
+    ("mode", "vector_kwargs"),
+    [("sync", {}), ("async", {"shared_memory": False, "context": "spawn"})],
+)
+def test_make_vec_resets_and_steps(mode: str, vector_kwargs: dict[str, object]) -> None:
+    env = gym.make_vec(
+        "PTX-H100-GEMM",
+        num_envs=2,
+        vectorization_mode=mode,
+        vector_kwargs=vector_kwargs,
+        evaluator="compile-only",
+    )
+    try:
+        prompts, _ = env.reset(seed=0)
+        assert all("PTX-H100-GEMM" in prompt for prompt in prompts)
+        observations, rewards, _, _, info = env.step((NAIVE_GEMM, "no code at all"))
+        assert list(info["status"]) == ["COMPILED", "FORMAT_ERROR"]
+        assert list(rewards) == pytest.approx([0.1, 0.0])
+        # Each observation after the step is its prompt followed by that step's feedback.
+        for prompt, observation in zip(prompts, observations, strict=True):
+            assert observation.startswith(prompt) and len(observation) > len(prompt)
+    finally:
+        env.close()
+
+
+def test_make_vec_async_with_shared_memory_fails_at_once_saying_what_to_pass() -> None:
+    with pytest.raises(ValueError, match="shared_memory") as raised:
+        gym.make_vec("PTX-H100-GEMM", num_envs=2, vectorization_mode="async")
+    assert "vector_kwargs={'shared_memory': False, 'context': 'spawn'}" in str(
+        raised.value.__cause__
+    )

@@ -375,8 +375,19 @@ def _build_one(locks: str, budget_gib: str, cache: str, label: str, results: str
     Path(results, f"{label}.json").write_text(json.dumps({"ok": result.ok, "log": result.log}))
 
 
+def _asks_only(pid: int) -> bool:
+    """An nvcc that builds nothing (``--version``, ``--dryrun``: what a process asks once, outside
+    any build slot, to key its cache and find the toolkit), or one already gone."""
+    try:
+        arguments = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return True
+    return b"--version" in arguments or b"--dryrun" in arguments
+
+
 def compilers_under(ancestors: set[int]) -> set[int]:
-    """Live nvcc processes started by one of ``ancestors`` (directly or through launchers)."""
+    """Live nvcc processes that build, started by one of ``ancestors`` (directly or through
+    launchers)."""
     parents: dict[int, int] = {}
     names: dict[int, str] = {}
     for stat in Path("/proc").glob("[0-9]*/stat"):
@@ -389,7 +400,7 @@ def compilers_under(ancestors: set[int]) -> set[int]:
             parents[int(stat.parent.name)] = int(fields[1])
     found = set()
     for pid, name in names.items():
-        if name != "nvcc" or pid not in parents:
+        if name != "nvcc" or pid not in parents or _asks_only(pid):
             continue
         ancestor = parents[pid]
         for _ in range(8):

@@ -42,15 +42,17 @@ from ptxgym.judge import (
 )
 from ptxgym.outcome import Status
 from ptxgym.tasks import WorkloadSpec, get_task
-from ptxgym.timing import latency_of
+from ptxgym.timing import CallSchedule, latency_of
 
 torch = pytest.importorskip("torch")
 
 SMALL = WorkloadSpec(name="small", axes={"M": 16, "N": 8, "K": 32})
 TASK = get_task("PTX-H100-GEMM").model_copy(update={"workloads": [SMALL]})
 SETTINGS = JudgeSettings(stage_timeout_s=10.0, warmup=2, iters=5, trials=3)
-CALLS = SETTINGS.warmup + SETTINGS.iters * SETTINGS.trials  # 2 warm-up, then 15 timed: 2..16
-PLAN = _TimingPlan(seed=1000, checked=frozenset({4, 9, 15}))
+# Each trial 2 warm-up calls, then 5 timed: 2..6, 9..13, 16..20.
+SCHEDULE = CallSchedule(SETTINGS.warmup, SETTINGS.iters, SETTINGS.trials)
+CALLS = SCHEDULE.calls
+PLAN = _TimingPlan(seed=1000, checked=frozenset({4, 9, 16}))
 FIRST_UNCHECKED_TIMED = 2
 PROTOCOL = "broke the judge's protocol"
 
@@ -196,12 +198,13 @@ class StandIn:
         for workload in job["workloads"]:
             name, seed = workload["name"], int(workload["timing"]["seed"])
             timed: list[float] = []
-            for call in range(job["warmup"] + job["iters"] * job["trials"]):
+            schedule = CallSchedule(job["warmup"], job["iters"], job["trials"])
+            for call in range(schedule.calls):
                 self._send({"kind": "calling", "workload": name, "call": call})
                 started = time.perf_counter()
                 time.sleep(self.call_s)
                 measured_ms = (time.perf_counter() - started) * 1e3
-                if call >= job["warmup"]:
+                if schedule.is_timed(call):
                     timed.append(self.claim(measured_ms))
                 self._send({"kind": "ran", "workload": name, "call": call})
                 if self._answer() == "keep":
@@ -305,7 +308,7 @@ def test_an_honest_worker_passes_with_the_latency_the_judge_computed() -> None:
 def test_the_judge_picks_only_timed_calls_and_never_tells_them_ahead() -> None:
     judge = Judge.__new__(Judge)  # no GPU: only the plan is drawn
     judge.settings = SETTINGS
-    timed = set(range(SETTINGS.warmup, CALLS))
+    timed = set(SCHEDULE.timed)
     plans = [judge._timing_plan() for _ in range(200)]
     assert all(len(plan.checked) == SETTINGS.timed_checks <= len(timed) for plan in plans)
     assert set().union(*(plan.checked for plan in plans)) == timed  # every timed call, no other
@@ -541,7 +544,7 @@ def test_a_call_claimed_longer_than_the_judge_saw_it_is_impossible(call: int) ->
     verdict, _, _ = converse(rewrites=(rewrite,))
     assert verdict.status is Status.RUNTIME_ERROR and verdict.timings == ()
     assert PROTOCOL in verdict.message
-    assert f"timed call {SETTINGS.warmup + call} is claimed to have taken 1000.0000 ms" in (
+    assert f"timed call {SCHEDULE.timed[call]} is claimed to have taken 1000.0000 ms" in (
         verdict.message
     )
 

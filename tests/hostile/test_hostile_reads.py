@@ -140,3 +140,16 @@ def test_a_confined_process_reaches_no_abstract_socket_made_outside(probe: dict[
     # shares the host's is refused by Landlock's scope.
     isolated = probe["facts"]["network_isolated"]
     assert probe["abstract_socket"] == ("ECONNREFUSED" if isolated else "EPERM")
+
+
+def test_installed_packages_stay_readable_and_the_checkout_does_not() -> None:
+    import numpy
+
+    from ptxgym.isolation import readable_paths
+
+    readable = readable_paths()
+    site = Path(numpy.__file__).resolve().parents[1]
+    assert any(site.is_relative_to(folder) for folder in readable), site
+    checkout = Path(__file__).resolve().parents[2]
+    assert not any(checkout.is_relative_to(folder) for folder in readable)
+    assert checkout / "ptxgym" in readable
