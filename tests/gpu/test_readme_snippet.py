@@ -23,7 +23,8 @@ ROOT = Path(__file__).resolve().parents[2]
 def _snippet() -> str:
     readme = (ROOT / "README.md").read_text()
     usage = readme.split("## Use", 1)[1]
-    found = re.search(r"```python\n(.*?)```", usage, re.DOTALL)
+    # The block ends at a fence on a line of its own (the snippet's comments mention ```cuda).
+    found = re.search(r"^```python\n(.*?)^```$", usage, re.DOTALL | re.MULTILINE)
     assert found, "the README's usage section has no python block"
     return found.group(1)
 
