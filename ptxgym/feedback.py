@@ -53,7 +53,7 @@ def render_feedback(outcome: Outcome, task: Task) -> str:
             "```",
         ]
     if outcome.sanitizers:
-        lines += _memory_safety(outcome.sanitizers)
+        lines += _memory_safety(outcome.sanitizers, _covered(outcome))
     if outcome.timings:
         lines += ["", f"Timing ({outcome.timings[0].method}), per workload:"]
         for timing in outcome.timings:
@@ -140,7 +140,11 @@ def _qualification(outcome: Outcome, task: Task) -> list[str]:
         ]
     sass = outcome.compile.sass if outcome.compile is not None else None
     in_sass = sass.families_present if sass is not None and sass.error is None else {}
-    lines = ["", "Target instructions (Nsight Compute: executed, predicated-on threads / warps):"]
+    lines = [
+        "",
+        "Target instructions (Nsight Compute: executed, predicated-on threads / warps"
+        f"{_covered(outcome)}):",
+    ]
     for key, family in task.target.instruction_families.items():
         patterns = [pattern for group in family.all_of for pattern in group]
         if profile.families.get(key):
@@ -193,9 +197,16 @@ def _percent(label: str, value: float | None) -> str | None:
     return f"{label} {value:.0f}%" if value is not None else None
 
 
-def _memory_safety(reports: tuple[SanitizerReport, ...]) -> list[str]:
+def _covered(outcome: Outcome) -> str:
+    """Which workload the tools' one call ran on, where the task has several."""
+    if not outcome.tools_workload or len(outcome.timings) <= 1:
+        return ""
+    return f", on workload {outcome.tools_workload} only"
+
+
+def _memory_safety(reports: tuple[SanitizerReport, ...], covered: str) -> list[str]:
     """What compute-sanitizer's tools said about one call of the kernel."""
-    lines = ["", "Memory safety (compute-sanitizer, one call of the kernel):"]
+    lines = ["", f"Memory safety (compute-sanitizer, one call of the kernel{covered}):"]
     for report in reports:
         if not report.ok:
             lines.append(f"- {report.tool}: unknown ({report.reason})")

@@ -313,6 +313,7 @@ class LocalGPUEvaluator:
             seconds=time.perf_counter() - started,
             stage_seconds={"compile": compile_seconds, **verdict.stage_seconds},
             isolation=verdict.isolation,
+            tools_workload=verdict.tools_workload,
         )
 
     def submit(self, task: Task, source: str) -> Future[Outcome]:

@@ -181,6 +181,10 @@ class Verdict:
     stage_seconds: dict[str, float] = field(default_factory=dict)
     # Which confinement steps took effect in the worker that ran the candidate.
     isolation: dict[str, bool] = field(default_factory=dict)
+    # The workload whose first trial's inputs memcheck, racecheck and the profile ran on (the
+    # task's first; the others are checked and timed, not covered by the tools); empty when no
+    # tool ran.
+    tools_workload: str = ""
 
     @property
     def latency_ms(self) -> float | None:
@@ -565,6 +569,7 @@ class Judge:
             seconds=time.perf_counter() - started,
             stage_seconds=stages,
             isolation=isolation,
+            tools_workload=states[0].spec.name if sanitizers or profile is not None else "",
         )
 
     def _finish_tools(

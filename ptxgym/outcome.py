@@ -63,7 +63,10 @@ class Outcome:
     where its call's seconds went: ``memcheck_context``, ``memcheck_gpu_wait`` and
     ``memcheck_gpu`` (likewise for racecheck and profile; ``single_call.call_seconds``).
     ``isolation``: which confinement steps took effect in the worker (network_isolated,
-    writes_confined, system_calls_filtered; see ptxgym.isolation).
+    writes_confined, reads_confined, system_calls_filtered; see ptxgym.isolation).
+    ``tools_workload``: the workload whose inputs the sanitizers and the profile ran on (the
+    task's first; a pooled task's other workloads are checked and timed but not covered by
+    them); empty when none ran.
     """
 
     task_id: str
@@ -83,6 +86,7 @@ class Outcome:
     seconds: float = 0.0
     stage_seconds: dict[str, float] = field(default_factory=dict)
     isolation: dict[str, bool] = field(default_factory=dict)
+    tools_workload: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (``info`` and trajectory records use it)."""

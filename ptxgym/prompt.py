@@ -47,7 +47,9 @@ def build_prompt(task: Task, *, variant: int = 0, knowledge: str = "full") -> Pr
         "interface": _interface_section(task),
         "target": _target_section(task),
         "evaluation": _evaluation_section(task),
-        "rules": _rules_section(task),
+        # The pack's header is offered only where its wrappers are shown (knowledge levels with
+        # them): an ablation without them must not point at a header the model never saw.
+        "rules": _rules_section(task, any(part.name.endswith(".cuh") for part in pack)),
         "output": _output_section(variant),
     }
     for part in pack:
@@ -222,16 +224,20 @@ def _times(ratio: float) -> str:
     return "" if ratio == 1 else f"{ratio:g} x "
 
 
-def _rules_section(task: Task) -> str:
+def _rules_section(task: Task, wrappers_shown: bool) -> str:
     headers = ", ".join(f"<{h}>" for h in sorted(ALLOWED_SYSTEM_HEADERS, key=str.lower))
+    pack_header = (
+        f', and `#include "{pack_header_name(task)}"` (the PTX wrappers of the knowledge pack, '
+        "exactly as shown below)"
+        if wrappers_shown
+        else ""
+    )
     return "\n".join(
         [
             "## Rules",
             "",
             f"- One translation unit, at most {MAX_SOURCE_CHARS:,} characters.",
-            f"- Allowed includes: {headers}, and "
-            f'`#include "{pack_header_name(task)}"` (the PTX wrappers of the knowledge pack, '
-            "exactly as shown below). Nothing else, and never a path.",
+            f"- Allowed includes: {headers}{pack_header}. Nothing else, and never a path.",
             "- No cuBLAS, cuDNN, CUTLASS/CuTe, FlashInfer, Thrust/CUB or torch, whether by "
             "header, by declaration or through dlopen/dlsym: such a kernel is rejected.",
             "- Host code may call the CUDA runtime and a few C library functions (memory, "

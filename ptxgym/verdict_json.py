@@ -50,6 +50,7 @@ def verdict_to_json(verdict: Verdict) -> dict[str, Any]:
         "seconds": float(verdict.seconds),
         "stage_seconds": {str(k): float(v) for k, v in verdict.stage_seconds.items()},
         "isolation": {str(k): bool(v) for k, v in verdict.isolation.items()},
+        "tools_workload": str(verdict.tools_workload),
     }
 
 
@@ -162,6 +163,7 @@ def verdict_from_json(data: object) -> Verdict:
         seconds=fields.number("seconds"),
         stage_seconds=fields.mapping("stage_seconds", _number),
         isolation=fields.mapping("isolation", _flag),
+        tools_workload=fields.text("tools_workload"),
     )
 
 
@@ -266,6 +268,7 @@ _VERDICT_FIELDS = (
     "seconds",
     "stage_seconds",
     "isolation",
+    "tools_workload",
 )
 _OUTPUT_CHECK_FIELDS = (
     "name",

@@ -70,3 +70,39 @@ def test_a_host_call_refused_by_the_build_gets_host_code_advice() -> None:
         "Keep host code to preparing and launching the kernel, with the CUDA runtime and the C "
         "library functions the rules allow."
     )
+
+
+def _with_tools(workloads: int) -> str:
+    """The feedback on a passed outcome of ``workloads`` timed workloads, memcheck and the
+    profile run on the first."""
+    from ptxgym.profile import InstructionProfile
+    from ptxgym.sanitizer import SanitizerReport
+    from ptxgym.timing import WorkloadTiming
+
+    timings = tuple(
+        WorkloadTiming(f"w{index}", 1.0, 1.0, 1.0, (1.0,), "cupti") for index in range(workloads)
+    )
+    outcome = Outcome(
+        TASK.id,
+        Status.PASSED,
+        "ok",
+        evaluator="gpu",
+        latency_ms=1.0,
+        baseline_latency_ms=1.0,
+        speedup=1.0,
+        timings=timings,
+        sanitizers=(SanitizerReport("memcheck", True),),
+        profile=InstructionProfile(True, families={"compute": False, "data_movement": False}),
+        tools_workload="w0",
+    )
+    return render_feedback(outcome, TASK)
+
+
+def test_the_feedback_says_which_workload_the_tools_covered_in_a_pooled_task() -> None:
+    pooled = _with_tools(5)
+    assert "Memory safety (compute-sanitizer, one call of the kernel, on workload w0 only):" in (
+        pooled
+    )
+    assert "threads / warps, on workload w0 only):" in pooled
+    single = _with_tools(1)
+    assert "workload w0 only" not in single
