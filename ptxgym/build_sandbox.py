@@ -59,7 +59,7 @@ def readable_paths(nvcc: str) -> tuple[Path, ...]:
     """Everything a compiler process of ``nvcc`` may read, besides its build folder."""
     paths = [Path(p) for p in _SYSTEM_READABLE]
     paths += _installation(Path(nvcc))
-    if toolkit := _toolkit_root(nvcc):
+    if toolkit := toolkit_root(nvcc):
         paths.append(toolkit)
     for tool in _HOST_TOOLS:
         if found := shutil.which(tool):
@@ -82,7 +82,7 @@ def _installation(program: Path) -> list[Path]:
 
 
 @cache
-def _toolkit_root(nvcc: str) -> Path | None:
+def toolkit_root(nvcc: str) -> Path | None:
     """The toolkit's top folder, as nvcc itself reports it (``nvcc`` may be a wrapper script
     elsewhere, e.g. /usr/local/bin/nvcc running /usr/local/cuda-13.0/bin/nvcc)."""
     try:

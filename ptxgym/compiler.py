@@ -401,6 +401,14 @@ def _build(
         message = f"{step} timed out after {timeout_s:.0f} s"
         return result(False, message, timed_out=True, transient=True)
 
+    def failed(code: int, output: str, log: str, warnings: tuple[str, ...]) -> CompileResult:
+        """A step that failed: stopped by a limit or the machine, or the source's own errors
+        (``log``)."""
+        if stopped := _stopped_by_limit_or_machine(code, output):
+            message, transient = stopped
+            return result(False, message, warnings=warnings, transient=transient)
+        return result(False, log, warnings=warnings)
+
     if (finished := run(_preprocess_command(task))) is None:
         return timed_out("compile")
     code, output = finished
@@ -421,10 +429,7 @@ def _build(
     oversized = _oversized(*sorted((work / _KEEP_DIR).glob("*.cubin")), work / OBJECT_FILE)
     shutil.rmtree(work / _KEEP_DIR, ignore_errors=True)
     if code != 0:
-        if stopped := _stopped_by_limit_or_machine(code, output):
-            message, transient = stopped
-            return result(False, message, warnings=warnings, transient=transient)
-        return result(False, log or f"nvcc failed with exit code {code}", warnings=warnings)
+        return failed(code, output, log or f"nvcc failed with exit code {code}", warnings)
     if oversized:
         return result(False, oversized, warnings=warnings)
     forbidden = _forbidden_host_calls(work / OBJECT_FILE)
@@ -438,10 +443,7 @@ def _build(
         return timed_out("link")
     code, output = finished
     if code != 0:
-        if stopped := _stopped_by_limit_or_machine(code, output):
-            message, transient = stopped
-            return result(False, message, warnings=warnings, transient=transient)
-        return result(False, _link_log(output, work), warnings=warnings)
+        return failed(code, output, _link_log(output, work), warnings)
     if oversized := _oversized(work / LIBRARY_FILE):
         return result(False, oversized, warnings=warnings)
     exported = _exported_symbols(work / LIBRARY_FILE)
@@ -867,8 +869,10 @@ def _source_line(source_lines: list[str], number: int) -> str:
 
 @cache
 def _system_folders() -> tuple[Path, ...]:
-    """Folders whose headers are the system's or the toolkit's (nvcc's own installation)."""
-    toolkit = Path(nvcc_path()).resolve().parent.parent
+    """Folders whose headers are the system's or the toolkit's (nvcc's own installation, as
+    nvcc reports it: ``nvcc`` may be a wrapper script outside the toolkit)."""
+    nvcc = nvcc_path()
+    toolkit = build_sandbox.toolkit_root(nvcc) or Path(nvcc).resolve().parent.parent
     return (toolkit, *(Path(folder) for folder in _SYSTEM_FOLDERS))
 
 

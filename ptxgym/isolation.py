@@ -35,6 +35,7 @@ import ctypes
 import importlib.util
 import os
 import resource
+import shutil
 import sys
 from pathlib import Path
 
@@ -233,6 +234,15 @@ def readable_paths() -> list[Path]:
             found.append(Path(located).resolve().parent)
     found.append(paths.lock_dir())
     return [path for path in dict.fromkeys(found) if path != Path("/")]
+
+
+def hand_library(library: str, folder: Path) -> str:
+    """A copy of the candidate's library in a confined process's own ``folder``, the only
+    folder of ptxgym's it may read: the cache the library was built into holds other
+    candidates' sources and libraries, the baselines and the judge's key."""
+    copy = folder / "candidate.so"
+    shutil.copyfile(library, copy)
+    return str(copy)
 
 
 def limit_resources() -> None:

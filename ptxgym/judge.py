@@ -36,6 +36,7 @@ from ptxgym.baselines import baseline_key, cached_baseline, store_baseline
 from ptxgym.correctness import CheckReport, check_outputs
 from ptxgym.gpu_lock import EXCLUSIVE_CHAIN_S, exclusive_gpu, lock_path, shared_gpu
 from ptxgym.gpus import make_context, visible_gpus
+from ptxgym.isolation import hand_library
 from ptxgym.outcome import Status
 from ptxgym.profile import DEFAULT_TIMEOUT_S as DEFAULT_PROFILE_TIMEOUT_S
 from ptxgym.profile import InstructionProfile, PendingProfile
@@ -637,7 +638,7 @@ class Judge:
         stages: dict[str, float],
     ) -> Verdict:
         plans = {s.spec.name: self._timing_plan() for s in states}
-        job = _worker_job(task, _hand_library(library, worker.home), states, plans, self.settings)
+        job = _worker_job(task, hand_library(library, worker.home), states, plans, self.settings)
         # The outputs come back through shared memory sized for the largest output set.
         arena = channel.Arena.create(max(_output_bytes(task, s.spec) for s in states))
         job["arena_bytes"] = arena.size
@@ -998,15 +999,6 @@ def _how_it_ended(worker: _Worker) -> str:
     if code is not None and code < 0:
         return f"was killed by signal {-code}"
     return f"exited with code {code}"
-
-
-def _hand_library(library: str, folder: Path) -> str:
-    """A copy of the candidate's library in the worker's own folder, the only folder of
-    ptxgym's it may read (ptxgym.isolation): the cache the library was built into holds other
-    candidates' sources and libraries, the baselines and the judge's key."""
-    copy = folder / "candidate.so"
-    shutil.copyfile(library, copy)
-    return str(copy)
 
 
 def _output_bytes(task: Task, workload: WorkloadSpec) -> int:

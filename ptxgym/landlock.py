@@ -113,12 +113,6 @@ def abi_version() -> int:
     return max(version, 0)
 
 
-def confine_writes(writable: Sequence[Path]) -> None:
-    """From now on this thread and everything it starts may write only beneath ``writable`` (and
-    to device files); reading stays allowed everywhere. Raises LandlockUnavailable."""
-    confine(writable=writable)
-
-
 def confine(
     *,
     writable: Sequence[Path],

@@ -47,6 +47,7 @@ from ptxgym.gpu_lock import (
 )
 from ptxgym.gpus import initialize_driver, physical_device
 from ptxgym.isolation import (
+    hand_library,
     limit_resources,
     python_environment,
     readable_paths,
@@ -177,12 +178,8 @@ class PendingCall:
             path = self.folder / f"input-{index}.bin"
             path.write_bytes(data.data)
             files[name] = str(path)
-        # A copy in the folder: the program may read nothing of the cache the library lives in
-        # (other candidates' libraries and sources; ptxgym.isolation).
-        library = self.folder / "candidate.so"
-        shutil.copyfile(job.library, library)
         # Complete before the word: the program reads it then.
-        self._job.write_text(job.to_json(files, str(library)))
+        self._job.write_text(job.to_json(files, hand_library(job.library, self.folder)))
         self._go.touch()
 
     def wait_until_gpu_taken(self, timeout_s: float) -> None:
