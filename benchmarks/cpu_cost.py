@@ -40,17 +40,17 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ptxgym.compiler import compile_source
-from ptxgym.gpu_evaluator import incompatibility
-from ptxgym.gpus import visible_gpus
-from ptxgym.judge import Judge, JudgeSettings
+from ptxgym.device.gpus import visible_gpus
+from ptxgym.evaluate.judge import Judge, JudgeSettings
+from ptxgym.evaluate.local_gpu import incompatibility
+from ptxgym.evaluate.profile import PendingProfile
+from ptxgym.evaluate.sanitizer import PendingSanitizer
+from ptxgym.evaluate.single_call import CallJob
+from ptxgym.evaluate.worker import host_inputs
+from ptxgym.languages.cuda.compiler import compile_source
 from ptxgym.outcome import Status
-from ptxgym.processes import stat_fields
-from ptxgym.profile import PendingProfile
-from ptxgym.sanitizer import PendingSanitizer
-from ptxgym.single_call import CallJob
+from ptxgym.sandbox.processes import stat_fields
 from ptxgym.tasks import Task, get_task
-from ptxgym.worker import host_inputs
 
 
 def cpu_seconds() -> float:

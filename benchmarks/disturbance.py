@@ -1,24 +1,24 @@
 """Does GPU work in other processes move a timing, with and without the GPU lock?
 
-The GPU lock (``ptxgym.gpu_lock``) gives every timing its GPU alone; everything else of ours that
+The GPU lock (``ptxgym.device.lock``) gives every timing its GPU alone; everything else of ours that
 touches the GPU holds it shared. This benchmark is the evidence for that split: it times cuBLAS's
-GEMM on the GEMM task's workload with the judge's protocol (``ptxgym.timing.Timer``, fresh inputs
-for every call), holding the GPU exclusively as the judge's timings do, first with nothing else
-running, then while ``--processes`` background processes repeat one activity in a loop
+GEMM on the GEMM task's workload with the judge's protocol (``ptxgym.evaluate.timing.Timer``, fresh
+inputs for every call), holding the GPU exclusively as the judge's timings do, first with nothing
+else running, then while ``--processes`` background processes repeat one activity in a loop
 (``--size`` and ``--protocol`` time a longer GEMM, or with the GPU tests' shorter protocol).
 
 Without the lock (what the lock keeps out; each a fresh Python process per loop):
 
-- ``startup``: make a CUDA context (``ptxgym.gpus.make_context``) and exit;
+- ``startup``: make a CUDA context (``ptxgym.device.gpus.make_context``) and exit;
 - ``startup-ncu``: the same under Nsight Compute (``--profile-from-start off``);
 - ``startup-memcheck``: the same under compute-sanitizer memcheck.
 
 (Profiling outside the lock is not among them: two processes profiling at once make the driver
 refuse one, docs/benchmarks.md, ninth session.)
 
-With the lock, as the judge runs them (``ptxgym.profile.PendingProfile`` and
-``ptxgym.sanitizer.PendingSanitizer`` on the example kernel, start-up to exit: the context made
-holding the GPU shared, the call holding it alone):
+With the lock, as the judge runs them (``ptxgym.evaluate.profile.PendingProfile`` and
+``ptxgym.evaluate.sanitizer.PendingSanitizer`` on the example kernel, start-up to exit: the context
+made holding the GPU shared, the call holding it alone):
 
 - ``profile-runs``: whole profile runs;
 - ``memcheck-runs``: whole memcheck runs.
@@ -44,13 +44,13 @@ UNLOCKED = ("startup", "startup-ncu", "startup-memcheck")
 LOCKED = ("profile-runs", "memcheck-runs")
 ACTIVITIES = UNLOCKED + LOCKED
 # What a background process runs, once per loop, as its own Python program.
-_STARTUP = "from ptxgym.gpus import make_context; make_context(0)"
+_STARTUP = "from ptxgym.device.gpus import make_context; make_context(0)"
 
 
 def unlocked_command(activity: str) -> list[str]:
     """The command a background process repeats for an activity of ``UNLOCKED``."""
-    from ptxgym.profile import find_ncu
-    from ptxgym.sanitizer import find_compute_sanitizer
+    from ptxgym.evaluate.profile import find_ncu
+    from ptxgym.evaluate.sanitizer import find_compute_sanitizer
 
     ncu, sanitizer = find_ncu(), find_compute_sanitizer()
     if activity == "startup-ncu" and ncu is None:
@@ -73,12 +73,12 @@ def background(activity: str, argument: str, until: float) -> None:
         while time.time() < until:
             subprocess.run(command, capture_output=True, check=False)
         return
-    from ptxgym.gpu_lock import shared_gpu
-    from ptxgym.profile import PendingProfile
-    from ptxgym.sanitizer import PendingSanitizer
-    from ptxgym.single_call import CallJob
+    from ptxgym.device.lock import shared_gpu
+    from ptxgym.evaluate.profile import PendingProfile
+    from ptxgym.evaluate.sanitizer import PendingSanitizer
+    from ptxgym.evaluate.single_call import CallJob
+    from ptxgym.evaluate.worker import host_inputs
     from ptxgym.tasks import get_task
-    from ptxgym.worker import host_inputs
 
     task = get_task("PTX-H100-GEMM")
     payload = task.workloads[0].payload()
@@ -100,11 +100,11 @@ class Victim:
     ) -> None:
         import torch
 
-        from ptxgym.gpu_lock import shared_gpu
-        from ptxgym.gpus import make_context
+        from ptxgym.device.gpus import make_context
+        from ptxgym.device.lock import shared_gpu
+        from ptxgym.evaluate.timing import Timer
+        from ptxgym.evaluate.worker import make_inputs
         from ptxgym.tasks import get_task
-        from ptxgym.timing import Timer
-        from ptxgym.worker import make_inputs
 
         with shared_gpu(0):
             make_context(0)
@@ -129,7 +129,7 @@ class Victim:
         self.torch.matmul(self.inputs["A"], self.inputs["B"].t(), out=self.out)
 
     def measure(self) -> dict[str, Any]:
-        from ptxgym.gpu_lock import exclusive_gpu
+        from ptxgym.device.lock import exclusive_gpu
 
         with exclusive_gpu(0) as waited:
             result = self.timer.measure(self._call, self._prepare, **self.protocol)
@@ -142,7 +142,7 @@ class Victim:
 
 def compile_example(example: Path) -> str:
     """The example kernel's library, for the locked activities' tool runs."""
-    from ptxgym.compiler import compile_source
+    from ptxgym.languages.cuda.compiler import compile_source
     from ptxgym.tasks import get_task
 
     build = compile_source(example.read_text(), get_task("PTX-H100-GEMM"))

@@ -18,8 +18,8 @@ import yaml
 
 from ptxgym import paths
 from ptxgym.env import PTXKernelEnv
-from ptxgym.gpu_evaluator import LocalGPUEvaluator, incompatibility
-from ptxgym.judge import JudgeSettings
+from ptxgym.evaluate.judge import JudgeSettings
+from ptxgym.evaluate.local_gpu import LocalGPUEvaluator, incompatibility
 from ptxgym.tasks import registry
 
 REPEATS = 5

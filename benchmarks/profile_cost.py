@@ -31,10 +31,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ptxgym.compiler import compile_source
-from ptxgym.gpu_evaluator import incompatibility
-from ptxgym.gpus import visible_gpus
-from ptxgym.profile import (
+from ptxgym.device.gpus import visible_gpus
+from ptxgym.evaluate.local_gpu import incompatibility
+from ptxgym.evaluate.profile import (
     PROFILE_METRICS,
     THREAD_METRIC,
     InstructionProfile,
@@ -42,9 +41,10 @@ from ptxgym.profile import (
     find_ncu,
     profile_metrics,
 )
-from ptxgym.single_call import CallJob
+from ptxgym.evaluate.single_call import CallJob
+from ptxgym.evaluate.worker import host_inputs
+from ptxgym.languages.cuda.compiler import compile_source
 from ptxgym.tasks import get_task
-from ptxgym.worker import host_inputs
 
 METRIC_SETS: dict[str, tuple[str, ...]] = {
     "judge's (both opcode metrics, duration and launch facts)": PROFILE_METRICS,
@@ -86,9 +86,9 @@ def profiled_calls(task_id: str, library: str, warm_up: bool) -> None:
     seconds of each."""
     import torch
 
-    from ptxgym.gpus import make_context
-    from ptxgym.timing import seconds_into
-    from ptxgym.worker import Entry, allocate_outputs, make_inputs
+    from ptxgym.device.gpus import make_context
+    from ptxgym.evaluate.timing import seconds_into
+    from ptxgym.evaluate.worker import Entry, allocate_outputs, make_inputs
 
     make_context(0)
     task = get_task(task_id)

@@ -55,7 +55,7 @@ def small_task_data(size: int) -> Path:
 
 def process_facts(pid: int) -> dict[str, int]:
     """Resident memory (KiB), open files and child processes of ``pid`` (Linux /proc)."""
-    from ptxgym.processes import stat_fields  # ptxgym only once PTXGYM_DATA is set (main)
+    from ptxgym.sandbox.processes import stat_fields  # ptxgym only once PTXGYM_DATA is set (main)
 
     status = Path(f"/proc/{pid}/status").read_text()
     rss = next(int(line.split()[1]) for line in status.splitlines() if line.startswith("VmRSS"))
@@ -97,10 +97,11 @@ def main() -> None:
     sys.path.insert(0, str(REPO / "tests" / "hostile"))
     from catalogue import load_all, make_secret
 
-    from ptxgym import gpu_evaluator, paths
+    from ptxgym import paths
     from ptxgym.env import PTXKernelEnv
-    from ptxgym.evaluator import build_candidate
-    from ptxgym.judge import JudgeSettings
+    from ptxgym.evaluate import local_gpu as gpu_evaluator
+    from ptxgym.evaluate.build_step import build_candidate
+    from ptxgym.evaluate.judge import JudgeSettings
 
     # A 2-s stage deadline is ample for the small GEMM and keeps the hanging attacks cheap.
     # Every step uses a fresh worker, which takes seconds to start: with 4 started ahead, steps

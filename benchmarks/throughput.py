@@ -37,11 +37,11 @@ from pathlib import Path
 from typing import Any
 
 from ptxgym.env import PTXKernelEnv
-from ptxgym.gpu_evaluator import LocalGPUEvaluator
-from ptxgym.judge import JudgeSettings
-from ptxgym.single_call import CALL_SECONDS_KEYS
+from ptxgym.evaluate.judge import JudgeSettings
+from ptxgym.evaluate.local_gpu import LocalGPUEvaluator
+from ptxgym.evaluate.single_call import CALL_SECONDS_KEYS
+from ptxgym.evaluate.timing import TIMING_PHASES, TRIALS
 from ptxgym.tasks import get_task
-from ptxgym.timing import TIMING_PHASES, TRIALS
 
 STAGES = (
     "compile",
@@ -97,14 +97,14 @@ def trajectory(
     return records
 
 
-# Where each tool run's seconds went (ptxgym.single_call.call_seconds), and the timing's
-# (ptxgym.timing.TimingResult.phase_seconds).
+# Where each tool run's seconds went (ptxgym.evaluate.single_call.call_seconds), and the timing's
+# (ptxgym.evaluate.timing.TimingResult.phase_seconds).
 TOOL_CALL_STAGES = tuple(
     f"{tool}_{part}" for tool in ("memcheck", "profile") for part in CALL_SECONDS_KEYS
 ) + tuple(f"timing_{phase}" for phase in TIMING_PHASES)
 
 
-# The stages during which an evaluation holds the GPU alone (ptxgym.gpu_lock): one GPU can do
+# The stages during which an evaluation holds the GPU alone (ptxgym.device.lock): one GPU can do
 # at most 3600 / (their sum) evaluations per hour, whatever the concurrency.
 EXCLUSIVE_STAGES = ("worker_gpu", "memcheck_gpu", "racecheck_gpu", "profile_gpu")
 
@@ -142,10 +142,10 @@ _KINDS_BY_COMMAND = {
 }
 _TOOLCHAIN = {"nvcc", "cicc", "ptxas", "cudafe++", "fatbinary", "nvlink", "cc1plus", "gcc", "g++"}
 _KINDS_BY_ARGUMENTS = (
-    (("ptxgym.single_call", "/ptxgym-memcheck-"), "memcheck run (Python)"),
-    (("ptxgym.single_call", "/ptxgym-racecheck-"), "racecheck run (Python)"),
-    (("ptxgym.single_call", "/ptxgym-profile-"), "profile run (Python)"),
-    (("ptxgym.profile", " read "), "profile report reader"),
+    (("ptxgym.evaluate.single_call", "/ptxgym-memcheck-"), "memcheck run (Python)"),
+    (("ptxgym.evaluate.single_call", "/ptxgym-racecheck-"), "racecheck run (Python)"),
+    (("ptxgym.evaluate.single_call", "/ptxgym-profile-"), "profile run (Python)"),
+    (("ptxgym.evaluate.profile", " read "), "profile report reader"),
     (("multiprocessing.forkserver",), "worker (or its forkserver)"),
     (("multiprocessing.spawn",), "worker (or its forkserver)"),
 )

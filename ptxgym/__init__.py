@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import gymnasium as gym
 
+from ptxgym import _moved
 from ptxgym.tasks import registry
 
 __version__ = "0.1.0"
@@ -35,3 +36,4 @@ def register_ptxgym_envs() -> list[str]:
 
 
 register_ptxgym_envs()
+_moved.install()

@@ -15,17 +15,19 @@ from typing import Any
 
 import yaml
 
-from ptxgym import paths, report
-from ptxgym.compiler import CompilerUnavailable
-from ptxgym.evaluator import EVALUATORS, CompileOnlyEvaluator, Evaluator
-from ptxgym.extract import extract_source, read_action
+from ptxgym import paths
+from ptxgym.bench import report
+from ptxgym.bench.records import TurnRecord, read_records
+from ptxgym.bench.report import FORMATS
+from ptxgym.build.result import CompilerUnavailable
+from ptxgym.evaluate.compile_only import CompileOnlyEvaluator
+from ptxgym.evaluate.evaluator import EVALUATORS, Evaluator
 from ptxgym.feedback import render_feedback
+from ptxgym.languages import get_language, read_action
 from ptxgym.outcome import Outcome, Status
-from ptxgym.packs import KNOWLEDGE_LEVELS
 from ptxgym.prompt import PROMPT_VARIANTS, build_prompt
-from ptxgym.records import TurnRecord, read_records
-from ptxgym.report import FORMATS
 from ptxgym.tasks import Task, get_task, registry
+from ptxgym.tasks.packs import KNOWLEDGE_LEVELS
 
 
 class UnavailableError(Exception):
@@ -252,7 +254,7 @@ def _compile(args: argparse.Namespace) -> int:
 
 def evaluate_file(task: Task, path: Path, evaluator: Evaluator) -> Outcome:
     """Extract the candidate in ``path`` and evaluate it."""
-    extraction = extract_source(read_action(path))
+    extraction = get_language().extract(read_action(path))
     if extraction.source is None:
         message = extraction.error or "no source"
         return Outcome(task.id, Status.FORMAT_ERROR, message, evaluator="none")
@@ -265,8 +267,8 @@ def compile_file(task: Task, path: Path) -> Outcome:
 
 
 def _eval(args: argparse.Namespace) -> int:
-    from ptxgym.gpu_evaluator import EvaluatorError, LocalGPUEvaluator
-    from ptxgym.judge import JudgeSettings
+    from ptxgym.evaluate.judge import JudgeSettings
+    from ptxgym.evaluate.local_gpu import EvaluatorError, LocalGPUEvaluator
 
     settings = JudgeSettings(
         memcheck=not args.no_memcheck,
@@ -294,7 +296,7 @@ def _report_candidate(args: argparse.Namespace, evaluator: Evaluator, success: S
 
 
 def _baseline(args: argparse.Namespace) -> int:
-    from ptxgym.gpu_evaluator import EvaluatorError, LocalGPUEvaluator
+    from ptxgym.evaluate.local_gpu import EvaluatorError, LocalGPUEvaluator
 
     task = get_task(args.task_id)
     evaluator = LocalGPUEvaluator()
@@ -321,7 +323,7 @@ def _baseline(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from ptxgym.runner import RunPlan, ScriptedAgent, run
+    from ptxgym.bench.runner import RunPlan, ScriptedAgent, run
 
     if args.tasks.strip() == "all":
         tasks = tuple(task.id for task in _sorted_tasks())
@@ -367,8 +369,8 @@ def _report(args: argparse.Namespace) -> int:
 def _demo(args: argparse.Namespace) -> int:
     import warnings
 
-    from ptxgym.gpus import visible_gpus
-    from ptxgym.runner import RunPlan, ScriptedAgent, run
+    from ptxgym.bench.runner import RunPlan, ScriptedAgent, run
+    from ptxgym.device.gpus import visible_gpus
 
     manifest = paths.examples_dir() / "manifest.yaml"
     entries = yaml.safe_load(manifest.read_text(encoding="utf-8"))["examples"]

@@ -8,19 +8,18 @@ from typing import Any, SupportsFloat
 
 import gymnasium as gym
 
-from ptxgym.evaluator import Evaluator, make_evaluator
-from ptxgym.extract import MAX_ACTION_CHARS, extract_source
+from ptxgym.evaluate.evaluator import Evaluator, make_evaluator
 from ptxgym.feedback import render_feedback, render_turn
+from ptxgym.languages import MAX_ACTION_CHARS, get_language
 from ptxgym.outcome import Outcome, Status
-from ptxgym.packs import KNOWLEDGE_LEVELS
 from ptxgym.prompt import PROMPT_VARIANTS, build_prompt
 from ptxgym.reward import RewardFunction, resolve_reward
 from ptxgym.spaces import SourceText
 from ptxgym.tasks import get_task
+from ptxgym.tasks.packs import KNOWLEDGE_LEVELS
 
 HISTORY_MODES = ("full", "feedback-only")
 MAX_OBSERVATION_CHARS = 4_000_000
-_CLOSING = "Write the next version of the kernel: reply with one ```cuda block."
 
 
 class PTXKernelEnv(gym.Env[str, str]):
@@ -84,7 +83,7 @@ class PTXKernelEnv(gym.Env[str, str]):
     - ``history``: ``full`` (kernels and feedback) or ``feedback-only``.
     - ``reward``: a name (``ladder``, ``binary``) or a callable.
     - ``evaluator``: ``auto`` (the local GPU when it matches the task, else compile-only),
-      ``gpu``, ``compile-only``, or an :class:`~ptxgym.evaluator.Evaluator`.
+      ``gpu``, ``compile-only``, or an :class:`~ptxgym.evaluate.evaluator.Evaluator`.
     - ``render_mode``: ``ansi`` or ``human``.
 
     ## Registered Configurations
@@ -130,7 +129,13 @@ class PTXKernelEnv(gym.Env[str, str]):
         # process, which must not start GPU workers.
         self._evaluator_spec = evaluator
         self._evaluator: Evaluator | None = None
-        self.prompt = build_prompt(self.task, variant=prompt_variant, knowledge=knowledge)
+        self.language = get_language()
+        self.prompt = build_prompt(
+            self.task, variant=prompt_variant, knowledge=knowledge, language=self.language.name
+        )
+        self._closing = (
+            f"Write the next version of the kernel: reply with one ```{self.language.fence} block."
+        )
         self.observation_space = SourceText(MAX_OBSERVATION_CHARS)
         self.action_space = SourceText(MAX_ACTION_CHARS)
         self._turn = 0
@@ -174,7 +179,7 @@ class PTXKernelEnv(gym.Env[str, str]):
             raise RuntimeError("the episode is over: call reset() before step()")
         started = time.perf_counter()
         self._turn += 1
-        extraction = extract_source(action)
+        extraction = self.language.extract(action)
         if extraction.source is None:
             outcome = Outcome(
                 task_id=self.task.id,
@@ -224,7 +229,7 @@ class PTXKernelEnv(gym.Env[str, str]):
         return self._observation
 
     def _compose_observation(self) -> str:
-        closing = [] if self._turn >= self.turns else [_CLOSING]
+        closing = [] if self._turn >= self.turns else [self._closing]
         parts = [self.prompt.text, *self._records, *closing]
         text = "\n\n".join(parts)
         if len(text) > MAX_OBSERVATION_CHARS:

@@ -6,12 +6,12 @@ import fnmatch
 import re
 from collections import Counter
 
-from ptxgym.compiler import CompileResult
-from ptxgym.correctness import CheckReport
+from ptxgym.build.result import CompileResult
+from ptxgym.build.sass import SassInventory, matching_count
+from ptxgym.evaluate.correctness import CheckReport
+from ptxgym.evaluate.profile import KernelFacts
+from ptxgym.evaluate.sanitizer import SanitizerReport
 from ptxgym.outcome import Outcome, Status
-from ptxgym.profile import KernelFacts
-from ptxgym.sanitizer import SanitizerReport
-from ptxgym.sass import SassInventory, matching_count
 from ptxgym.tasks import Task
 
 _NEXT_STEP = {
@@ -75,8 +75,9 @@ def render_feedback(outcome: Outcome, task: Task) -> str:
     return "\n".join(lines)
 
 
-# Each kind of policy violation (ptxgym.policy, and the build's own checks in ptxgym.compiler),
-# recognised by its wording, and what fixes it: "remove it" does not fix a missing entry point.
+# Each kind of policy violation (ptxgym.languages.cuda.policy, and the build's own checks in
+# ptxgym.languages.cuda.compiler), recognised by its wording, and what fixes it: "remove it" does
+# not fix a missing entry point.
 _POLICY_ADVICE: tuple[tuple[re.Pattern[str], str], ...] = (
     (
         re.compile(r"the entry point is missing"),

@@ -6,11 +6,11 @@ from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from ptxgym.compiler import CompileResult
-from ptxgym.correctness import CheckReport
-from ptxgym.profile import InstructionProfile
-from ptxgym.sanitizer import SanitizerReport
-from ptxgym.timing import WorkloadTiming
+from ptxgym.build.result import CompileResult
+from ptxgym.evaluate.correctness import CheckReport
+from ptxgym.evaluate.profile import InstructionProfile
+from ptxgym.evaluate.sanitizer import SanitizerReport
+from ptxgym.evaluate.timing import WorkloadTiming
 
 
 class Status(StrEnum):
@@ -63,7 +63,7 @@ class Outcome:
     where its call's seconds went: ``memcheck_context``, ``memcheck_gpu_wait`` and
     ``memcheck_gpu`` (likewise for racecheck and profile; ``single_call.call_seconds``).
     ``isolation``: which confinement steps took effect in the worker (network_isolated,
-    writes_confined, reads_confined, system_calls_filtered; see ptxgym.isolation).
+    writes_confined, reads_confined, system_calls_filtered; see ptxgym.sandbox.isolation).
     ``tools_workload``: the workload whose inputs the sanitizers and the profile ran on (the
     task's first; a pooled task's other workloads are checked and timed but not covered by
     them); empty when none ran.

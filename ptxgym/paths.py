@@ -17,13 +17,23 @@ from pathlib import Path
 _REQUIRED = ("envs", "packs")
 
 
+def package_dir() -> Path:
+    """The folder of the ``ptxgym`` package itself."""
+    return Path(__file__).resolve().parent
+
+
+def import_root() -> Path:
+    """The folder ``ptxgym`` is imported from (a checkout, or site-packages)."""
+    return package_dir().parent
+
+
 @cache
 def data_root() -> Path:
     """The folder that holds ``envs/`` and ``packs/``."""
     candidates: list[Path] = []
     if override := os.environ.get("PTXGYM_DATA"):
         candidates.append(Path(override))
-    candidates += [Path(__file__).resolve().parent.parent, Path(sys.prefix) / "share" / "ptxgym"]
+    candidates += [import_root(), Path(sys.prefix) / "share" / "ptxgym"]
     for root in candidates:
         if all((root / name).is_dir() for name in _REQUIRED):
             return root
@@ -55,9 +65,9 @@ def cache_dir() -> Path:
 
 
 def lock_dir() -> Path:
-    """The GPU locks' folder (ptxgym.gpu_lock): ``PTXGYM_LOCK_DIR``, else one folder for the whole
-    machine, whatever each process's cache folder is, so that every ptxgym process on a GPU takes
-    turns with every other."""
+    """The GPU locks' folder (ptxgym.device.lock): ``PTXGYM_LOCK_DIR``, else one folder for the
+    whole machine, whatever each process's cache folder is, so that every ptxgym process on a GPU
+    takes turns with every other."""
     if override := os.environ.get("PTXGYM_LOCK_DIR"):
         return Path(override)
     return Path("/tmp/ptxgym-gpu-locks")

@@ -3,24 +3,23 @@
 Three prompt variants say the same facts in different framings (the paper reports results as
 mean and range over variants, so a model is not tuned to one wording). The evaluation section
 states the timing protocol from the constants the judge's settings default to
-(``ptxgym.timing``, which imports nothing heavy), so the prompt says what the judge does.
+(``ptxgym.evaluate.timing``, which imports nothing heavy), so the prompt says what the judge does.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ptxgym.compiler import link_command, nvcc_command
-from ptxgym.packs import PackPart, estimate_tokens, load_pack
-from ptxgym.policy import ALLOWED_SYSTEM_HEADERS, MAX_SOURCE_CHARS, pack_header_name
-from ptxgym.tasks import DTYPE_BYTES, Task
-from ptxgym.timing import (
+from ptxgym.evaluate.timing import (
     HOST_ALLOWANCE_MS,
     HOST_ALLOWANCE_RATIO,
     TIMED_CALLS,
     TRIALS,
     WARMUP_CALLS,
 )
+from ptxgym.languages import DEFAULT_LANGUAGE, get_language
+from ptxgym.tasks import Task
+from ptxgym.tasks.packs import PackPart, estimate_tokens, load_pack, pack_header_name
 
 PROMPT_VARIANTS = (0, 1, 2)
 
@@ -36,21 +35,26 @@ class Prompt:
         return {name: estimate_tokens(text) for name, text in self.sections.items()}
 
 
-def build_prompt(task: Task, *, variant: int = 0, knowledge: str = "full") -> Prompt:
-    """The full prompt for ``task`` in prompt ``variant`` with the pack at ``knowledge`` level."""
+def build_prompt(
+    task: Task, *, variant: int = 0, knowledge: str = "full", language: str = DEFAULT_LANGUAGE
+) -> Prompt:
+    """The full prompt for ``task`` in prompt ``variant`` with the pack at ``knowledge`` level,
+    for a candidate written in action ``language``."""
     if variant not in PROMPT_VARIANTS:
         raise ValueError(f"prompt_variant must be one of {PROMPT_VARIANTS}, not {variant!r}")
     pack = load_pack(task.target.pack, knowledge)
+    wrappers_shown = any(part.name.endswith(".cuh") for part in pack)
+    own = get_language(language).prompt_sections(
+        task, variant=variant, wrappers_shown=wrappers_shown
+    )
     sections = {
         "introduction": _introduction(task, variant),
         "task": _task_section(task),
-        "interface": _interface_section(task),
-        "target": _target_section(task),
+        "interface": own.interface,
+        "target": _target_section(task, own.build),
         "evaluation": _evaluation_section(task),
-        # The pack's header is offered only where its wrappers are shown (knowledge levels with
-        # them): an ablation without them must not point at a header the model never saw.
-        "rules": _rules_section(task, any(part.name.endswith(".cuh") for part in pack)),
-        "output": _output_section(variant),
+        "rules": own.rules,
+        "output": own.output,
     }
     for part in pack:
         sections[f"pack:{part.name}"] = _pack_section(task, part)
@@ -129,45 +133,13 @@ def _sequence_summary(sequences: dict[str, list[int]]) -> str:
     return "; " + "; ".join(parts) if parts else ""
 
 
-def _interface_section(task: Task) -> str:
-    definition = task.definition
-    sizes = ", ".join(
-        f"{name} {DTYPE_BYTES[spec.dtype]} B/elem"
-        for name, spec in {**definition.inputs, **definition.outputs}.items()
-    )
-    return "\n".join(
-        [
-            "## Entry point",
-            "",
-            "Define exactly this function with C linkage:",
-            "",
-            "```c",
-            task.entry_point.signature,
-            "```",
-            "",
-            "- Every pointer is a device pointer to a contiguous tensor laid out as above "
-            f"({sizes}); inputs are const and must not be modified.",
-            "- The integer arguments are the axis values of the workload being run.",
-            "- Launch all work on `stream` (asynchronously; do not synchronize the device) and "
-            "return `cudaSuccess` (0) or the first CUDA error, e.g. `(int)cudaGetLastError()`.",
-            "- Scratch memory: allocate it with `cudaMallocAsync`/`cudaFreeAsync` on `stream`, or "
-            "once and keep it; it is yours.",
-            "- Host code may create TMA tensor maps with `cuTensorMapEncodeTiled` obtained through "
-            "`cudaGetDriverEntryPointByVersion` (include `<cudaTypedefs.h>`; libcuda is not "
-            "linked).",
-        ]
-    )
-
-
-def _target_section(task: Task) -> str:
+def _target_section(task: Task, build: str) -> str:
     families = task.target.instruction_families
-    command = " ".join(["nvcc", *nvcc_command(task)[1:]])
-    link = " ".join(["nvcc", *link_command(task)[1:]])
     lines = [
         "## Target",
         "",
         f"- GPU: {task.gpu} class, {task.target.devices}; code is built for `{task.target.arch}`.",
-        f"- Build: `{command}` (candidate.cu is your source, included by build.cu), then `{link}`.",
+        f"- Build: {build}.",
         "",
         "### Required instructions",
         "",
@@ -222,41 +194,6 @@ def _evaluation_section(task: Task) -> str:
 def _times(ratio: float) -> str:
     """``ratio`` as a factor written before a quantity ("" for 1)."""
     return "" if ratio == 1 else f"{ratio:g} x "
-
-
-def _rules_section(task: Task, wrappers_shown: bool) -> str:
-    headers = ", ".join(f"<{h}>" for h in sorted(ALLOWED_SYSTEM_HEADERS, key=str.lower))
-    pack_header = (
-        f', and `#include "{pack_header_name(task)}"` (the PTX wrappers of the knowledge pack, '
-        "exactly as shown below)"
-        if wrappers_shown
-        else ""
-    )
-    return "\n".join(
-        [
-            "## Rules",
-            "",
-            f"- One translation unit, at most {MAX_SOURCE_CHARS:,} characters.",
-            f"- Allowed includes: {headers}{pack_header}. Nothing else, and never a path.",
-            "- No cuBLAS, cuDNN, CUTLASS/CuTe, FlashInfer, Thrust/CUB or torch, whether by "
-            "header, by declaration or through dlopen/dlsym: such a kernel is rejected.",
-            "- Host code may call the CUDA runtime and a few C library functions (memory, "
-            "strings, printf, math, malloc/free, exit); any other external function (files, "
-            "processes, threads, sockets, the dynamic loader) is rejected at build time.",
-        ]
-    )
-
-
-def _output_section(variant: int) -> str:
-    advice = {
-        0: "",
-        1: " Think about the data layout and the schedule first, then write the code.",
-        2: " First make it correct with the required instructions; then make it fast.",
-    }[variant]
-    return (
-        "## Output format\n\nReply with the complete source in exactly one ```cuda code block "
-        "(if there are several, the last one is used)." + advice
-    )
 
 
 def _pack_section(task: Task, part: PackPart) -> str:

@@ -1,9 +1,10 @@
 """Wrappers over a ptxgym env, and exports built from the records they write.
 
 - :class:`FastP` keeps each turn's correctness, qualification and speedup and computes the
-  metrics of :mod:`ptxgym.metrics`; the step that ends an episode carries them in
+  metrics of :mod:`ptxgym.bench.metrics`; the step that ends an episode carries them in
   ``info["fastp"]``.
-- :class:`TrajectoryRecorder` appends one :class:`~ptxgym.records.TurnRecord` per step to a JSONL
+- :class:`TrajectoryRecorder` appends one :class:`~ptxgym.bench.records.TurnRecord` per step to a
+  JSONL
   file and syncs it to disk before the step returns, so a crash loses nothing.
 - :func:`export_flashinfer` turns records into a FlashInfer-Trace dataset; :func:`repair_pairs`
   and :func:`write_repair_dataset` turn them into failure→repair training pairs.
@@ -29,11 +30,8 @@ from typing import Any, SupportsFloat
 
 import gymnasium as gym
 
-from ptxgym import __version__, trace
-from ptxgym.compiler import CompileResult, CompilerUnavailable, nvcc_version
-from ptxgym.env import PTXKernelEnv
-from ptxgym.gpus import visible_gpus
-from ptxgym.metrics import (
+from ptxgym import __version__
+from ptxgym.bench.metrics import (
     TURN_LIMITS,
     Summary,
     Turn,
@@ -42,8 +40,13 @@ from ptxgym.metrics import (
     summarize,
     turn_correctness,
 )
+from ptxgym.bench.records import TurnRecord
+from ptxgym.build.result import CompileResult, CompilerUnavailable
+from ptxgym.device.gpus import visible_gpus
+from ptxgym.env import PTXKernelEnv
+from ptxgym.interop import flashinfer_trace as trace
+from ptxgym.languages.cuda.compiler import nvcc_version
 from ptxgym.outcome import Outcome, Status
-from ptxgym.records import TurnRecord
 from ptxgym.tasks import Task, get_task
 
 __all__ = [
@@ -128,7 +131,7 @@ class FastP(gym.Wrapper[str, str, str, str]):
         return [list(episode) for episode in self._episodes if episode]
 
     def summary(self, limits: Sequence[int] = TURN_LIMITS, ps: Sequence[float] = (1.0,)) -> Summary:
-        """:func:`ptxgym.metrics.summarize` over this wrapper's trajectories."""
+        """:func:`ptxgym.bench.metrics.summarize` over this wrapper's trajectories."""
         return summarize(self.trajectories, limits=limits, ps=ps)
 
 
@@ -204,7 +207,7 @@ def _append_line(path: Path, line: str) -> None:
 
 
 class TrajectoryRecorder(gym.Wrapper[str, str, str, str]):
-    """Appends a :class:`~ptxgym.records.TurnRecord` per step to a JSONL file at ``path``.
+    """Appends a :class:`~ptxgym.bench.records.TurnRecord` per step to a JSONL file at ``path``.
 
     Each ``reset`` starts a trajectory: its index is ``options["trajectory"]`` when given (to
     resume one), else one more than the last this recorder used (the first is 0). Every line
@@ -473,11 +476,12 @@ def _traces(
 def export_flashinfer(records: Iterable[TurnRecord], out_dir: str | os.PathLike[str]) -> list[Path]:
     """Write the turns that produced a source as a FlashInfer-Trace dataset under ``out_dir``.
 
-    Definitions, workloads and blobs come from :func:`ptxgym.trace.write_trace_set` for every
-    task with such a turn; each turn adds ``solutions/<definition>/<name>.json`` (see
-    :func:`solution_name`; the author is the record's agent) and one trace per workload to
-    ``traces/<op_type>/<definition>.jsonl``. Files are rewritten whole, so exporting the same
-    records again gives the same dataset. Returns the files written.
+    Definitions, workloads and blobs come from
+    :func:`ptxgym.interop.flashinfer_trace.write_trace_set` for every task with such a turn; each
+    turn adds ``solutions/<definition>/<name>.json`` (see :func:`solution_name`; the author is the
+    record's agent) and one trace per workload to ``traces/<op_type>/<definition>.jsonl``. Files are
+    rewritten whole, so exporting the same records again gives the same dataset. Returns the files
+    written.
     """
     root = Path(out_dir)
     by_task: dict[str, list[TurnRecord]] = {}

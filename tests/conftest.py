@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from ptxgym.gpus import visible_gpus
+from ptxgym.device.gpus import visible_gpus
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -80,7 +80,7 @@ def test_compile_of_missing_file_is_a_clear_error() -> None:
 
 
 def test_eval_without_a_matching_gpu_says_so(tmp_path: Path) -> None:
-    from ptxgym.gpus import visible_gpus
+    from ptxgym.device.gpus import visible_gpus
 
     if visible_gpus():
         pytest.skip("this machine has a GPU")
@@ -90,7 +90,7 @@ def test_eval_without_a_matching_gpu_says_so(tmp_path: Path) -> None:
 
 
 def test_baseline_without_a_gpu_says_so() -> None:
-    from ptxgym.gpus import visible_gpus
+    from ptxgym.device.gpus import visible_gpus
 
     if visible_gpus():
         pytest.skip("this machine has a GPU")
@@ -150,7 +150,7 @@ def test_missing_nvcc_with_a_wrong_cuda_home_is_a_one_line_error(tmp_path: Path)
 
 
 def test_eval_json_without_a_gpu_prints_json_saying_why() -> None:
-    from ptxgym.gpus import visible_gpus
+    from ptxgym.device.gpus import visible_gpus
 
     if visible_gpus():
         pytest.skip("this machine has a GPU")

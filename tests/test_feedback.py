@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from ptxgym.feedback import render_feedback
+from ptxgym.languages.cuda.policy import MAX_SOURCE_CHARS, check_policy
 from ptxgym.outcome import Outcome, Status
-from ptxgym.policy import MAX_SOURCE_CHARS, check_policy
 from ptxgym.tasks import get_task
 
 TASK = get_task("PTX-H100-GEMM")
@@ -75,9 +75,9 @@ def test_a_host_call_refused_by_the_build_gets_host_code_advice() -> None:
 def _with_tools(workloads: int) -> str:
     """The feedback on a passed outcome of ``workloads`` timed workloads, memcheck and the
     profile run on the first."""
-    from ptxgym.profile import InstructionProfile
-    from ptxgym.sanitizer import SanitizerReport
-    from ptxgym.timing import WorkloadTiming
+    from ptxgym.evaluate.profile import InstructionProfile
+    from ptxgym.evaluate.sanitizer import SanitizerReport
+    from ptxgym.evaluate.timing import WorkloadTiming
 
     timings = tuple(
         WorkloadTiming(f"w{index}", 1.0, 1.0, 1.0, (1.0,), "cupti") for index in range(workloads)

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from ptxgym import prompt
-from ptxgym.judge import JudgeSettings
+from ptxgym.evaluate.judge import JudgeSettings
 from ptxgym.prompt import build_prompt
 from ptxgym.tasks import get_task
 
@@ -53,7 +53,12 @@ def test_the_prompt_text_follows_the_timing_constants(
 
 
 def test_the_prompt_stage_imports_neither_torch_nor_the_evaluate_stage() -> None:
-    heavy = ("torch", "ptxgym.judge", "ptxgym.worker", "ptxgym.evaluator")
+    heavy = (
+        "torch",
+        "ptxgym.evaluate.judge",
+        "ptxgym.evaluate.worker",
+        "ptxgym.evaluate.evaluator",
+    )
     code = (
         "import sys, ptxgym.prompt; "
         f"print(','.join(name for name in {heavy!r} if name in sys.modules))"

@@ -16,16 +16,17 @@ from typing import Any
 import gymnasium as gym
 import pytest
 
-from ptxgym import __version__, paths, trace, wrappers
-from ptxgym.compiler import CompilerUnavailable
-from ptxgym.correctness import CheckReport, OutputCheck
+from ptxgym import __version__, paths, wrappers
+from ptxgym.bench.metrics import Turn, summarize
+from ptxgym.bench.records import TurnRecord, read_records
+from ptxgym.build.result import CompilerUnavailable
+from ptxgym.device.gpus import GPUInfo
 from ptxgym.env import PTXKernelEnv
-from ptxgym.gpus import GPUInfo
-from ptxgym.metrics import Turn, summarize
+from ptxgym.evaluate.correctness import CheckReport, OutputCheck
+from ptxgym.evaluate.timing import WorkloadTiming
+from ptxgym.interop import flashinfer_trace as trace
 from ptxgym.outcome import Outcome, Status
-from ptxgym.records import TurnRecord, read_records
 from ptxgym.tasks import Task, get_task
-from ptxgym.timing import WorkloadTiming
 from ptxgym.wrappers import (
     FastP,
     TrajectoryRecorder,
@@ -35,7 +36,7 @@ from ptxgym.wrappers import (
     write_repair_dataset,
 )
 
-# The turns of tests/test_metrics.py, whose metrics are computed by hand there.
+# The turns of tests/bench/test_metrics.py, whose metrics are computed by hand there.
 WRONG = Turn(False, None, None)
 PLAIN = Turn(True, False, 1.5)
 UNKNOWN = Turn(True, None, 3.0)
@@ -383,7 +384,8 @@ def test_write_repair_dataset(tmp_path: Path) -> None:
 
 
 def _read_dataset(files: Sequence[Path], root: Path) -> dict[str, list[Any]]:
-    """Every written file parsed back with ptxgym.trace's models, grouped by top folder."""
+    """Every written file parsed back with ptxgym.interop.flashinfer_trace's models, grouped by top
+    folder."""
     parsed: dict[str, list[Any]] = {}
     for path in files:
         top = path.relative_to(root).parts[0]

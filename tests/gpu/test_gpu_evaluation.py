@@ -14,11 +14,11 @@ import pytest
 
 from ptxgym import paths
 from ptxgym.env import PTXKernelEnv
-from ptxgym.gpu_evaluator import LocalGPUEvaluator, incompatibility
-from ptxgym.judge import JudgeSettings
+from ptxgym.evaluate.judge import JudgeSettings
+from ptxgym.evaluate.local_gpu import LocalGPUEvaluator, incompatibility
+from ptxgym.evaluate.timing import TIMING_PHASES
 from ptxgym.outcome import Status
 from ptxgym.tasks import get_task
-from ptxgym.timing import TIMING_PHASES
 
 pytestmark = pytest.mark.gpu
 

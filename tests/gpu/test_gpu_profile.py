@@ -15,13 +15,13 @@ from typing import Any
 import pytest
 
 from ptxgym import paths
-from ptxgym.compiler import compile_source
 from ptxgym.env import PTXKernelEnv
-from ptxgym.gpu_evaluator import LocalGPUEvaluator, incompatibility
-from ptxgym.judge import JudgeSettings
-from ptxgym.profile import InstructionProfile, profile_candidate
+from ptxgym.evaluate.judge import JudgeSettings
+from ptxgym.evaluate.local_gpu import LocalGPUEvaluator, incompatibility
+from ptxgym.evaluate.profile import InstructionProfile, profile_candidate
+from ptxgym.evaluate.worker import host_inputs
+from ptxgym.languages.cuda.compiler import compile_source
 from ptxgym.tasks import get_task
-from ptxgym.worker import host_inputs
 
 pytestmark = pytest.mark.gpu
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from ptxgym.gpus import visible_gpus
+from ptxgym.device.gpus import visible_gpus
 
 pytestmark = pytest.mark.gpu
 

@@ -5,7 +5,7 @@ builds may run at once.
 The log: a ``#line`` directive names any file, and the compiler then quotes that file's lines
 under the diagnostics and notes located there ("previous definition is here", "declared here",
 "defined here", include chains, template notes). Here the compiler reads what the user can (the
-build sandbox, ``ptxgym.build_sandbox``, is turned off): only the log stands between the secret
+build sandbox, ``ptxgym.build.sandbox``, is turned off): only the log stands between the secret
 and the model, as if the policy and the sandbox had both been fooled. Each construct points
 its notes at a secret file made by the test, every line of which holds a random token.
 """
@@ -22,16 +22,18 @@ from pathlib import Path
 
 import pytest
 
-from ptxgym import build_sandbox, compiler, paths
-from ptxgym.build_budget import BUDGET_ENV, build_slot
-from ptxgym.compiler import (
+from ptxgym import paths
+from ptxgym.build import sandbox as build_sandbox
+from ptxgym.build.budget import BUDGET_ENV, build_slot
+from ptxgym.languages.cuda import compiler
+from ptxgym.languages.cuda.compiler import (
     _FILE_SIZE_LIMIT_BYTES,
     _MEMORY_LIMIT_BYTES,
     MAX_LIBRARY_BYTES,
     CompileResult,
     compile_source,
 )
-from ptxgym.processes import stat_fields
+from ptxgym.sandbox.processes import stat_fields
 from ptxgym.tasks import get_task
 
 pytestmark = pytest.mark.nvcc
@@ -233,8 +235,8 @@ def test_a_quoted_line_holding_carriage_returns_stays_one_line(secret: Secret) -
 
 
 def test_the_line_after_a_cut_in_the_output_is_dropped(secret: Secret) -> None:
-    # A long output is kept as head and tail (ptxgym.processes); the tail's first line starts
-    # anywhere, e.g. inside a quoted line of another file.
+    # A long output is kept as head and tail (ptxgym.sandbox.processes); the tail's first line
+    # starts anywhere, e.g. inside a quoted line of another file.
     output = (
         'candidate.cu(3): error: expected a ";"\n'
         "[... 4096 bytes of output omitted ...]\n"

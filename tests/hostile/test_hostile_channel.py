@@ -1,14 +1,14 @@
 """Forged conversations on the judge–worker channel, through the judge's real conversation code.
 
-Candidate host code runs inside the worker, next to the worker's end of the channel: it can
-write framed messages on the channel's socket and read all of the worker's memory. Here a
-stand-in worker (a thread holding the other end of a real multiprocessing Pipe and a real
-Arena, with CPU tensors and no GPU) speaks the protocol (``ptxgym.protocol``) to the judge's
-``Conversation``, honestly or with one forgery per test, each a class of attack: repeated,
-skipped or reordered messages, ``done`` or an unknown kind anywhere, an ``error`` naming
-PASSED, outputs never asked for or sent twice, other tensors, impossible or forged timings,
-malformed fields. Every forgery must end non-PASSED with a message that says what broke; the
-honest conversation must end PASSED with the latency the judge computed itself.
+Candidate host code runs inside the worker, next to the worker's end of the channel: it can write
+framed messages on the channel's socket and read all of the worker's memory. Here a stand-in worker
+(a thread holding the other end of a real multiprocessing Pipe and a real Arena, with CPU tensors
+and no GPU) speaks the protocol (``ptxgym.evaluate.worker_protocol``) to the judge's
+``Conversation``, honestly or with one forgery per test, each a class of attack: repeated, skipped
+or reordered messages, ``done`` or an unknown kind anywhere, an ``error`` naming PASSED, outputs
+never asked for or sent twice, other tensors, impossible or forged timings, malformed fields. Every
+forgery must end non-PASSED with a message that says what broke; the honest conversation must end
+PASSED with the latency the judge computed itself.
 """
 
 from __future__ import annotations
@@ -27,9 +27,8 @@ from typing import Any
 
 import pytest
 
-from ptxgym import channel
-from ptxgym.correctness import CheckReport, check_outputs
-from ptxgym.judge import (
+from ptxgym.evaluate.correctness import CheckReport, check_outputs
+from ptxgym.evaluate.judge import (
     Conversation,
     Judge,
     JudgeSettings,
@@ -40,9 +39,10 @@ from ptxgym.judge import (
     _worker_job,
     _WorkloadState,
 )
+from ptxgym.evaluate.timing import CallSchedule, latency_of
 from ptxgym.outcome import Status
+from ptxgym.sandbox import channel
 from ptxgym.tasks import WorkloadSpec, get_task
-from ptxgym.timing import CallSchedule, latency_of
 
 torch = pytest.importorskip("torch")
 

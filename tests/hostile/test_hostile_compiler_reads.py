@@ -1,5 +1,5 @@
 """What the compiler may read, on the CPU: nvcc and everything it starts run under a read
-allow-list (``ptxgym.build_sandbox``): the toolkit, the system and the build folder. Whatever a
+allow-list (``ptxgym.build.sandbox``): the toolkit, the system and the build folder. Whatever a
 source makes the compiler open (an include by path, a ``#line`` naming another file, an assembler
 ``.incbin``), a file of the user's is not readable, so no layer after it (the policy, the log
 trimming) is needed to keep it out of the feedback. These tests go below the policy on purpose:
@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from ptxgym import build_sandbox
-from ptxgym.compiler import _run, compile_source, nvcc_path
+from ptxgym.build import sandbox as build_sandbox
+from ptxgym.languages.cuda.compiler import _run, compile_source, nvcc_path
 from ptxgym.tasks import get_task
 
 pytestmark = [

@@ -28,10 +28,10 @@ from catalogue import (
 )
 
 from ptxgym import paths
-from ptxgym.compiler import DEFAULT_TIMEOUT_S
-from ptxgym.evaluator import CompileOnlyEvaluator
+from ptxgym.build.result import DEFAULT_COMPILE_TIMEOUT_S
+from ptxgym.evaluate.compile_only import CompileOnlyEvaluator
+from ptxgym.languages.cuda.policy import MAX_SOURCE_CHARS
 from ptxgym.outcome import Outcome, Status
-from ptxgym.policy import MAX_SOURCE_CHARS
 from ptxgym.tasks import get_task
 
 GEMM = get_task("PTX-H100-GEMM")
@@ -108,7 +108,7 @@ def test_placeholders_are_rendered() -> None:
 def test_cpu_attack_is_stopped_before_it_runs(
     attack: Attack, secret: Secret, tmp_path: Path
 ) -> None:
-    timeout = attack.compile_timeout_s or DEFAULT_TIMEOUT_S
+    timeout = attack.compile_timeout_s or DEFAULT_COMPILE_TIMEOUT_S
     started = time.perf_counter()
     outcome = CompileOnlyEvaluator(compile_timeout_s=timeout).evaluate(
         GEMM, attack.render(secret.path, tmp_path / "canary")

@@ -27,8 +27,8 @@ from catalogue import Attack, Secret, load_all, make_secret
 
 from ptxgym import paths
 from ptxgym.env import PTXKernelEnv
-from ptxgym.gpu_evaluator import LocalGPUEvaluator, incompatibility
-from ptxgym.judge import JudgeSettings
+from ptxgym.evaluate.judge import JudgeSettings
+from ptxgym.evaluate.local_gpu import LocalGPUEvaluator, incompatibility
 from ptxgym.outcome import Status
 from ptxgym.tasks import get_task
 

@@ -1,11 +1,11 @@
 """Hostile peers of a judge: pickles, malformed JSON, wrong types, huge messages, bad handshakes.
 
-The judge is trusted and unconfined (it holds the GPU, the references and the baselines). A
-process that got the shared server's key (say, a candidate that read ptxgym's cache folder), or
-that writes on a private judge's pipe, must not run code in it, nor keep it from serving the next
-client; and a judge's answers must not run code in its clients either. Every attack here sends
-what it sends after a correct key, so only the message protocol (``ptxgym.judge_server``) stands
-in the way. A pickle's proof is a canary: unpickling ``_Canary`` creates a file.
+The judge is trusted and unconfined (it holds the GPU, the references and the baselines). A process
+that got the shared server's key (say, a candidate that read ptxgym's cache folder), or that writes
+on a private judge's pipe, must not run code in it, nor keep it from serving the next client; and a
+judge's answers must not run code in its clients either. Every attack here sends what it sends after
+a correct key, so only the message protocol (``ptxgym.evaluate.judge_server``) stands in the way. A
+pickle's proof is a canary: unpickling ``_Canary`` creates a file.
 """
 
 from __future__ import annotations
@@ -22,12 +22,13 @@ from typing import Any
 
 import pytest
 
-from ptxgym import gpu_evaluator, judge_server
-from ptxgym.gpu_evaluator import EvaluatorError, _JudgeHandle
-from ptxgym.judge import JudgeSettings, Verdict
+from ptxgym.evaluate import judge_server
+from ptxgym.evaluate import local_gpu as gpu_evaluator
+from ptxgym.evaluate.judge import JudgeSettings, Verdict
+from ptxgym.evaluate.local_gpu import EvaluatorError, _JudgeHandle
+from ptxgym.evaluate.verdict_json import verdict_to_json
 from ptxgym.outcome import Status
 from ptxgym.tasks import Task, get_task
-from ptxgym.verdict_json import verdict_to_json
 
 SETTINGS = JudgeSettings(concurrency=2, stage_timeout_s=13.0)
 GEMM = get_task("PTX-H100-GEMM")
@@ -104,7 +105,11 @@ def server(
     deadline = time.monotonic() + 10
     while not files.socket.exists() and time.monotonic() < deadline:
         time.sleep(0.01)
+    # A connection held open for the whole test: the server stops after 0.5 s without one, which
+    # a loaded machine can take between this fixture and the test's first connection.
+    keeper = _key_holder((files, key))
     yield files, key
+    keeper.close()
     thread.join(timeout=15)
     assert not thread.is_alive(), "the server did not stop once idle"
 

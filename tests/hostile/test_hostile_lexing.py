@@ -17,9 +17,9 @@ from contextlib import contextmanager
 
 import pytest
 
-from ptxgym.compiler import _assembler_escape
-from ptxgym.extract import MAX_ACTION_CHARS, extract_source
-from ptxgym.policy import MAX_SOURCE_CHARS, check_policy
+from ptxgym.languages.cuda.compiler import _assembler_escape
+from ptxgym.languages.cuda.extract import MAX_ACTION_CHARS, extract_source
+from ptxgym.languages.cuda.policy import MAX_SOURCE_CHARS, check_policy
 from ptxgym.tasks import get_task
 
 TASK = get_task("PTX-H100-GEMM")

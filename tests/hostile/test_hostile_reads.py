@@ -1,8 +1,8 @@
-"""Reads by candidate code, on the CPU: a confined process (``ptxgym.isolation.confine``, what the
-worker runs under from before CUDA starts) reads the system's, Python's and ptxgym's own files,
-and nothing of the user's: not a file in another folder (the user's home, the project, ptxgym's
-cache), not another process's environment, whether through Python or a raw system call, and it
-cannot reach an abstract Unix socket made outside (Python's forkserver listens on one).
+"""Reads by candidate code, on the CPU: a confined process (``ptxgym.sandbox.isolation.confine``,
+what the worker runs under from before CUDA starts) reads the system's, Python's and ptxgym's own
+files, and nothing of the user's: not a file in another folder (the user's home, the project,
+ptxgym's cache), not another process's environment, whether through Python or a raw system call, and
+it cannot reach an abstract Unix socket made outside (Python's forkserver listens on one).
 
 Each probe is a class of read, tried several ways; on today's kernel (Landlock ABI 6+, as CI's)
 all of them must be refused.
@@ -21,14 +21,14 @@ from typing import Any
 
 import pytest
 
-from ptxgym import landlock
+from ptxgym.sandbox import landlock
 
 pytestmark = pytest.mark.skipif(landlock.abi_version() < 1, reason="the kernel has no Landlock")
 
 _PROBE = r"""
 import ctypes, errno, json, os, socket, sys
 from pathlib import Path
-from ptxgym.isolation import confine
+from ptxgym.sandbox.isolation import confine
 
 folder, secret_file, abstract_name = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
 facts = confine(folder)
@@ -145,7 +145,7 @@ def test_a_confined_process_reaches_no_abstract_socket_made_outside(probe: dict[
 def test_installed_packages_stay_readable_and_the_checkout_does_not() -> None:
     import numpy
 
-    from ptxgym.isolation import readable_paths
+    from ptxgym.sandbox.isolation import readable_paths
 
     readable = readable_paths()
     site = Path(numpy.__file__).resolve().parents[1]

@@ -1,6 +1,6 @@
 // Test kernel: one TMA tile load and one wgmma (fence, mma, commit, wait) per warpgroup,
 // one warpgroup per block, M / 64 blocks. The math need not be right; it exists to be inspected
-// (tests/test_sass.py) and profiled (tests/gpu/test_gpu_profile.py).
+// (tests/build/test_sass.py) and profiled (tests/gpu/test_gpu_profile.py).
 #include "ptxgym_h100.cuh"
 
 __global__ void __launch_bounds__(128, 1)

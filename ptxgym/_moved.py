@@ -1,0 +1,90 @@
+"""The module names ptxgym had before its stages became subpackages, kept importable.
+
+``import ptxgym.gpu_evaluator`` (or ``from ptxgym.judge import JudgeSettings``) still works: the old
+name is a module that forwards every attribute to the new one and warns once, with a
+``DeprecationWarning`` naming the new home. The old names go in ptxgym 0.3.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import sys
+import warnings
+from collections.abc import Sequence
+from types import ModuleType
+from typing import Any
+
+MOVED: dict[str, str] = {
+    "ptxgym.evaluator": "ptxgym.evaluate",
+    "ptxgym.baselines": "ptxgym.evaluate.baselines",
+    "ptxgym.build_budget": "ptxgym.build.budget",
+    "ptxgym.build_sandbox": "ptxgym.build.sandbox",
+    "ptxgym.channel": "ptxgym.sandbox.channel",
+    "ptxgym.compiler": "ptxgym.languages.cuda.compiler",
+    "ptxgym.correctness": "ptxgym.evaluate.correctness",
+    "ptxgym.cpp_tokens": "ptxgym.languages.cuda.cpp_tokens",
+    "ptxgym.expressions": "ptxgym.tasks.expressions",
+    "ptxgym.extract": "ptxgym.languages.cuda.extract",
+    "ptxgym.gpu_evaluator": "ptxgym.evaluate.local_gpu",
+    "ptxgym.gpu_lock": "ptxgym.device.lock",
+    "ptxgym.gpus": "ptxgym.device.gpus",
+    "ptxgym.isolation": "ptxgym.sandbox.isolation",
+    "ptxgym.judge": "ptxgym.evaluate.judge",
+    "ptxgym.judge_server": "ptxgym.evaluate.judge_server",
+    "ptxgym.landlock": "ptxgym.sandbox.landlock",
+    "ptxgym.metrics": "ptxgym.bench.metrics",
+    "ptxgym.packs": "ptxgym.tasks.packs",
+    "ptxgym.policy": "ptxgym.languages.cuda.policy",
+    "ptxgym.processes": "ptxgym.sandbox.processes",
+    "ptxgym.profile": "ptxgym.evaluate.profile",
+    "ptxgym.protocol": "ptxgym.evaluate.worker_protocol",
+    "ptxgym.records": "ptxgym.bench.records",
+    "ptxgym.report": "ptxgym.bench.report",
+    "ptxgym.runner": "ptxgym.bench.runner",
+    "ptxgym.sanitizer": "ptxgym.evaluate.sanitizer",
+    "ptxgym.sass": "ptxgym.build.sass",
+    "ptxgym.seccomp": "ptxgym.sandbox.seccomp",
+    "ptxgym.single_call": "ptxgym.evaluate.single_call",
+    "ptxgym.timing": "ptxgym.evaluate.timing",
+    "ptxgym.tool_runs": "ptxgym.evaluate.tool_runs",
+    "ptxgym.trace": "ptxgym.interop.flashinfer_trace",
+    "ptxgym.verdict_json": "ptxgym.evaluate.verdict_json",
+    "ptxgym.worker": "ptxgym.evaluate.worker",
+}
+
+
+class _MovedModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Finds the old names only; every other import goes to the next finder."""
+
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
+    ) -> importlib.machinery.ModuleSpec | None:
+        if fullname not in MOVED:
+            return None
+        return importlib.util.spec_from_loader(fullname, self)
+
+    def exec_module(self, module: ModuleType) -> None:
+        new_name = MOVED[module.__name__]
+        warnings.warn(
+            f"{module.__name__} moved to {new_name}; import it from there "
+            "(the old name goes in ptxgym 0.3)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        new = importlib.import_module(new_name)
+
+        def forward(name: str) -> Any:
+            return getattr(new, name)
+
+        module.__dict__["__getattr__"] = forward
+        module.__doc__ = new.__doc__
+
+
+def install() -> None:
+    """Put the finder first on ``sys.meta_path`` (once), before any finder that could still see
+    an old file of the same name (an editable install of an older checkout)."""
+    if not any(isinstance(finder, _MovedModules) for finder in sys.meta_path):
+        sys.meta_path.insert(0, _MovedModules())

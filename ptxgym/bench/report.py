@@ -1,0 +1,456 @@
+"""Trajectory records → the per-problem table (Markdown, CSV, JSON) and the Fast_p plot.
+
+``report(paths)`` reads the JSONL files that ``ptxgym run`` writes. Records are grouped by run
+(name and knowledge level); within a run there is one row per task. Each metric is computed per
+prompt variant over that variant's trajectories, then shown as the mean over variants with the
+min–max across them; the target-instruction value comes first and the unrestricted value follows
+in parentheses. Each run also says what was measured whatever ran: how many turns were built, and
+which target instructions their SASS holds; when no turn reached a GPU, the table and the plot
+say that their zeros were not measured.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from collections import Counter, defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from ptxgym.bench.metrics import (
+    TURN_LIMITS,
+    Summary,
+    Trajectory,
+    best_speedup,
+    fast_p_curve,
+    summarize,
+)
+from ptxgym.bench.records import TurnRecord, read_records
+from ptxgym.outcome import Status
+from ptxgym.tasks import get_task
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+Format = Literal["md", "csv", "json"]
+FORMATS: tuple[Format, ...] = ("md", "csv", "json")
+UNDEFINED = "–"
+NOTHING_RAN = "No turn ran on a GPU"
+
+
+@dataclass
+class RecordedRun:
+    """The records of one run configuration, as trajectories by task and prompt variant."""
+
+    name: str
+    knowledge: str
+    agents: set[str] = field(default_factory=set)
+    # task → variant → trajectory index → turn → record
+    tasks: dict[str, dict[int, dict[int, dict[int, TurnRecord]]]] = field(
+        default_factory=lambda: defaultdict(lambda: defaultdict(lambda: defaultdict(dict)))
+    )
+
+    @property
+    def label(self) -> str:
+        return f"{self.name} ({self.knowledge})"
+
+    @property
+    def longest(self) -> int:
+        return max(
+            max(turns)
+            for variants in self.tasks.values()
+            for trajectories in variants.values()
+            for turns in trajectories.values()
+        )
+
+    def records(self) -> list[TurnRecord]:
+        return [
+            record
+            for variants in self.tasks.values()
+            for trajectories in variants.values()
+            for turns in trajectories.values()
+            for record in turns.values()
+        ]
+
+    @property
+    def reached_gpu(self) -> bool:
+        """Whether any turn was run on a GPU (built turns of a compile-only run were not)."""
+        return any(_reached_gpu(record) for record in self.records())
+
+    def trajectories(self, task_id: str, variant: int | None = None) -> list[Trajectory]:
+        """Each trajectory's turns in order, for one variant or pooled over all of them."""
+        variants = self.tasks[task_id]
+        chosen = list(variants) if variant is None else [variant]
+        return [
+            [turns[number].as_turn() for number in sorted(turns)]
+            for v in chosen
+            for _, turns in sorted(variants[v].items())
+        ]
+
+
+@dataclass(frozen=True)
+class Spread:
+    """One metric across prompt variants: mean, min and max over the ``n`` variants where it is
+    defined (best speedup is undefined for a variant without a counting turn)."""
+
+    mean: float | None
+    low: float | None
+    high: float | None
+    n: int
+
+    @classmethod
+    def of(cls, values: Sequence[float | None]) -> Spread:
+        defined = [value for value in values if value is not None]
+        if not defined:
+            return cls(None, None, None, 0)
+        return cls(sum(defined) / len(defined), min(defined), max(defined), len(defined))
+
+
+@dataclass(frozen=True)
+class Row:
+    """One task × metric × turn limit of one run; ``p`` only for Fast_p."""
+
+    run: str
+    knowledge: str
+    task_id: str
+    metric: str
+    p: float | None
+    limit: int
+    variants: int
+    inst: Spread
+    unrestricted: Spread
+
+    def flat(self) -> dict[str, Any]:
+        """The row as one flat mapping (CSV and JSON share it)."""
+        data: dict[str, Any] = {
+            "run": self.run,
+            "knowledge": self.knowledge,
+            "task_id": self.task_id,
+            "metric": self.metric,
+            "p": self.p,
+            "limit": self.limit,
+            "variants": self.variants,
+        }
+        for side, spread in (("inst", self.inst), ("unrestricted", self.unrestricted)):
+            data |= {
+                f"{side}_mean": spread.mean,
+                f"{side}_min": spread.low,
+                f"{side}_max": spread.high,
+                f"{side}_n": spread.n,
+            }
+        return data
+
+
+def report(
+    paths: Sequence[Path],
+    *,
+    fmt: Format = "md",
+    ps: Sequence[float] = (1.0,),
+    plot: Path | None = None,
+) -> str:
+    """The per-problem table of the runs recorded in ``paths``; also saves the plot to ``plot``."""
+    if fmt not in FORMATS:
+        raise ValueError(f"format must be one of {FORMATS}, not {fmt!r}")
+    if not ps or any(p < 0 for p in ps):
+        raise ValueError(f"speedup thresholds p must be given and be ≥ 0, not {list(ps)}")
+    ps = tuple(dict.fromkeys(ps))  # a threshold given twice is one group of columns
+    runs = load(paths)
+    table = rows(runs, ps)
+    if plot is not None:
+        plot_fast_p(runs, plot)
+    if fmt == "csv":
+        return _csv(table)
+    if fmt == "json":
+        return json.dumps([row.flat() for row in table], indent=2) + "\n"
+    return _markdown(runs, table, ps)
+
+
+def load(paths: Sequence[Path]) -> list[RecordedRun]:
+    """Every record in ``paths``, grouped by run; a turn recorded twice is an error."""
+    runs: dict[tuple[str, str], RecordedRun] = {}
+    seen: dict[tuple[str, tuple[str, int, str, int, int]], Path] = {}
+    for path in map(Path, paths):
+        if not path.is_file():
+            raise FileNotFoundError(f"{path}: no such file")
+        for record in read_records(path):
+            if (first := seen.get((record.run, record.key))) is not None:
+                raise ValueError(
+                    f"{path}: turn {record.turn} of {record.task_id} variant "
+                    f"{record.prompt_variant} trajectory {record.trajectory} in run "
+                    f"{record.run!r} is recorded twice (also in {first})"
+                )
+            seen[(record.run, record.key)] = path
+            run = runs.setdefault(
+                (record.run, record.knowledge), RecordedRun(record.run, record.knowledge)
+            )
+            run.agents.add(record.agent)
+            trajectory = run.tasks[record.task_id][record.prompt_variant][record.trajectory]
+            trajectory[record.turn] = record
+    if not runs:
+        raise ValueError(f"no trajectory records in {', '.join(str(p) for p in paths)}")
+    return list(runs.values())
+
+
+def _reached_gpu(record: TurnRecord) -> bool:
+    status = Status(record.status)
+    return status.compiled and status is not Status.COMPILED
+
+
+def _family_names(task_id: str) -> dict[str, str]:
+    """The task's target-instruction families by key (``compute`` → ``wgmma``); the bare keys
+    for a task that is not registered here."""
+    try:
+        families = get_task(task_id).target.instruction_families
+    except KeyError:
+        return {}
+    return {key: family.name for key, family in families.items()}
+
+
+def measured(run: RecordedRun) -> list[str]:
+    """What a run measured without running anything: builds, and target instructions in SASS."""
+    records = run.records()
+    built = [record for record in records if Status(record.status).compiled]
+    present: Counter[str] = Counter()
+    inspected: Counter[str] = Counter()
+    for record in built:
+        sass = (record.outcome.get("compile") or {}).get("sass") or {}
+        if sass.get("error") is not None:
+            continue
+        names = _family_names(record.task_id)
+        for key, found in (sass.get("families_present") or {}).items():
+            name = names.get(key, key)
+            inspected[name] += 1
+            present[name] += bool(found)
+    lines = [
+        f"Built: {len(built)} of {_count(len(records), 'turn')} "
+        f"({len(built) / len(records):.0%})."
+        + (
+            " Target instructions in the SASS of built turns (static): "
+            + ", ".join(f"{name} in {present[name]} of {n}" for name, n in inspected.items())
+            + "."
+            if inspected
+            else ""
+        )
+    ]
+    if not run.reached_gpu:
+        lines.append(
+            f"{NOTHING_RAN} (compile-only evaluation), so correctness, speed and the target "
+            "instructions' execution were not measured: the zeros below are not results."
+        )
+    return lines
+
+
+def turn_limits(longest: int) -> list[int]:
+    """The paper's ≤1/≤4/≤8 limits, cut to the run's length (a 2-turn run shows ≤1 and ≤2)."""
+    return sorted({k for k in TURN_LIMITS if k <= longest} | {min(longest, max(TURN_LIMITS))})
+
+
+def _columns(ps: Sequence[float]) -> list[tuple[str, float | None]]:
+    return [("turn_correctness", None), ("best_speedup", None), *(("fast_p", p) for p in ps)]
+
+
+def _pair(
+    summary: Summary, metric: str, p: float | None, k: int
+) -> tuple[float | None, float | None]:
+    if metric == "turn_correctness":
+        return summary.turn_correctness[k]
+    if metric == "best_speedup":
+        return summary.best_speedup[k]
+    assert p is not None
+    return summary.fast[p][k]
+
+
+def rows(runs: Sequence[RecordedRun], ps: Sequence[float]) -> list[Row]:
+    """Every task × metric × limit of every run, aggregated over prompt variants."""
+    table: list[Row] = []
+    for run in runs:
+        limits = turn_limits(run.longest)
+        for task_id, variants in run.tasks.items():
+            summaries = [
+                summarize(run.trajectories(task_id, variant), limits=limits, ps=ps)
+                for variant in sorted(variants)
+            ]
+            for metric, p in _columns(ps):
+                for k in limits:
+                    pairs = [_pair(summary, metric, p, k) for summary in summaries]
+                    table.append(
+                        Row(
+                            run=run.name,
+                            knowledge=run.knowledge,
+                            task_id=task_id,
+                            metric=metric,
+                            p=p,
+                            limit=k,
+                            variants=len(pairs),
+                            inst=Spread.of([inst for inst, _ in pairs]),
+                            unrestricted=Spread.of([plain for _, plain in pairs]),
+                        )
+                    )
+    return table
+
+
+def _csv(table: Sequence[Row]) -> str:
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=list(table[0].flat()), lineterminator="\n")
+    writer.writeheader()
+    for row in table:
+        writer.writerow({key: "" if value is None else value for key, value in row.flat().items()})
+    return buffer.getvalue()
+
+
+def _number(value: float | None, metric: str) -> str:
+    if value is None:
+        return UNDEFINED
+    if metric == "best_speedup" and value < 0.1:
+        return f"{value:.2g}"  # naive kernels run at ~0.01x: two decimals would show 0.00
+    return f"{value:.2f}"
+
+
+def _spread(spread: Spread, metric: str) -> str:
+    text = _number(spread.mean, metric)
+    low, high = _number(spread.low, metric), _number(spread.high, metric)
+    return text if low == high else f"{text} [{low}–{high}]"
+
+
+def _count(n: int, one: str, many: str | None = None) -> str:
+    return f"{n} {one if n == 1 else many or one + 's'}"
+
+
+def _header(metric: str, p: float | None, k: int) -> str:
+    name = {"turn_correctness": "correct", "best_speedup": "best speedup"}.get(metric)
+    return f"{name or f'Fast_{p:g}'} ≤{k}"
+
+
+def _markdown(runs: Sequence[RecordedRun], table: Sequence[Row], ps: Sequence[float]) -> str:
+    cells = {
+        (row.run, row.knowledge, row.task_id, row.metric, row.p, row.limit): row for row in table
+    }
+    lines = ["# ptxgym report", ""]
+    for run in runs:
+        limits = turn_limits(run.longest)
+        variants = sorted({v for task in run.tasks.values() for v in task})
+        trajectories = [t for task in run.tasks.values() for v in task.values() for t in v.values()]
+        statuses = Counter(record.status for t in trajectories for record in t.values())
+        lines += [
+            f"## {run.name}",
+            "",
+            f"Agent {', '.join(sorted(run.agents))}, knowledge {run.knowledge}: "
+            f"{_count(len(run.tasks), 'task')} × "
+            f"{_count(len(variants), 'prompt variant')} ({', '.join(map(str, variants))}), "
+            f"{_count(len(trajectories), 'trajectory', 'trajectories')} of up to "
+            f"{_count(run.longest, 'turn')}. Statuses: "
+            + ", ".join(f"{status} {n}" for status, n in statuses.most_common())
+            + ".",
+            "",
+            *(line for fact in measured(run) for line in (fact, "")),
+        ]
+        columns = [(metric, p, k) for metric, p in _columns(ps) for k in limits]
+        lines.append("| task | " + " | ".join(_header(*column) for column in columns) + " |")
+        lines.append("|---" * (len(columns) + 1) + "|")
+        for task_id in run.tasks:
+            row_cells = []
+            for metric, p, k in columns:
+                row = cells[(run.name, run.knowledge, task_id, metric, p, k)]
+                row_cells.append(
+                    f"{_spread(row.inst, metric)} ({_spread(row.unrestricted, metric)})"
+                )
+            lines.append(f"| {task_id} | " + " | ".join(row_cells) + " |")
+        lines.append("")
+    lines += [
+        "Each cell: the target-instruction value, then the unrestricted value in parentheses; "
+        "each is the mean over prompt variants, with [min–max] across variants where they "
+        "differ. ≤k: the first k turns of every trajectory. correct: fraction of turns that are "
+        "correct. best speedup: the largest speedup over the library baseline of a correct turn. "
+        "Fast_p: fraction of turns that are correct and faster than p × the baseline. The "
+        "target-instruction value also requires that the turn executed the target instructions "
+        f"(a turn not profiled never counts). {UNDEFINED}: undefined (no turn counts).",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def plot_fast_p(runs: Sequence[RecordedRun], path: Path) -> None:
+    """Save :func:`fast_p_figure` as PNG."""
+    figure = fast_p_figure(runs)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, format="png", dpi=120)
+
+
+def fast_p_figure(runs: Sequence[RecordedRun]) -> Figure:
+    """Fast_p^Inst and Fast_p against the threshold p, one line per task (variants pooled).
+
+    A dashed vertical line marks each task's best counting speedup. When no turn ran on a GPU,
+    each panel says so, since its flat zero lines were not measured.
+    """
+    # Imported here: matplotlib is slow to import and only the plot needs it. The Agg canvas is
+    # used directly, so a caller's pyplot backend is left alone.
+    from matplotlib import colormaps
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    curves = [
+        (f"{run.label} · {task_id}" if len(runs) > 1 else task_id, run.trajectories(task_id))
+        for run in runs
+        for task_id in run.tasks
+    ]
+    speedups = [
+        turn.speedup
+        for _, trajectories in curves
+        for trajectory in trajectories
+        for turn in trajectory
+        if turn.correct and turn.speedup
+    ]
+    low = min([0.01, *(s / 2 for s in speedups)])
+    high = max([10.0, *(s * 2 for s in speedups)])
+    steps = 400
+    thresholds = [low * (high / low) ** (i / (steps - 1)) for i in range(steps)]
+
+    figure = Figure(figsize=(12, 4.8), layout="constrained")
+    FigureCanvasAgg(figure)
+    axes = figure.subplots(1, 2, sharey=True)
+    palette = colormaps["tab10" if len(curves) <= 10 else "tab20"]
+    titles = (
+        r"$\mathrm{Fast}_p^{\mathrm{Inst}}$ (target instructions executed)",
+        r"$\mathrm{Fast}_p$",
+    )
+    for ax, inst, title in zip(axes, (True, False), titles, strict=True):
+        for index, (label, trajectories) in enumerate(curves):
+            color = palette(index % palette.N)
+            values = [value or 0.0 for value in fast_p_curve(trajectories, thresholds, inst=inst)]
+            ax.step(thresholds, values, where="post", color=color, label=label)
+            best = best_speedup(trajectories, inst=inst)
+            if best is not None:
+                ax.axvline(best, color=color, linestyle="--", linewidth=1)
+                ax.annotate(
+                    f"{best:.3g}×",
+                    # Staggered, so that the labels of nearby lines do not overprint.
+                    xy=(best, 0.98 - 0.12 * (index % 5)),
+                    xycoords=("data", "axes fraction"),
+                    rotation=90,
+                    ha="right",
+                    va="top",
+                    fontsize=8,
+                    color=color,
+                )
+        if not any(run.reached_gpu for run in runs):
+            ax.text(
+                0.5,
+                0.5,
+                f"{NOTHING_RAN}:\ncorrectness and speed were not measured",
+                transform=ax.transAxes,
+                ha="center",
+                va="center",
+                fontsize=11,
+            )
+        ax.set_xscale("log")
+        ax.set_xlim(low, high)
+        ax.set_ylim(0.0, 1.02)
+        ax.set_title(title)
+        ax.set_xlabel("speedup threshold p (× library baseline)")
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0].set_ylabel("fraction of turns")
+    figure.legend(*axes[0].get_legend_handles_labels(), loc="outside right upper", fontsize=8)
+    return figure

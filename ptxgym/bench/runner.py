@@ -1,0 +1,207 @@
+"""Run an agent over tasks × prompt variants × trajectories, recording every turn; resumable.
+
+``run(plan, agent, out)`` plays each episode of the plan through :class:`PTXKernelEnv` wrapped in
+:class:`~ptxgym.wrappers.TrajectoryRecorder`, which appends one JSON line per turn to ``out``.
+Running the same plan again continues where it stopped: finished episodes are skipped, a partly
+recorded one is restored with ``env.resume`` and goes on from its next turn, and no recorded turn
+is evaluated again.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from tqdm import tqdm
+
+from ptxgym.bench.records import TurnRecord, read_records
+from ptxgym.env import PTXKernelEnv
+from ptxgym.evaluate.evaluator import EVALUATORS, Evaluator, make_evaluator
+from ptxgym.languages import read_action
+from ptxgym.prompt import PROMPT_VARIANTS
+from ptxgym.tasks import get_task
+from ptxgym.tasks.packs import KNOWLEDGE_LEVELS
+from ptxgym.wrappers import TrajectoryRecorder
+
+Episode = tuple[str, int, int]
+"""(task id, prompt variant, trajectory index)."""
+
+
+class Agent(Protocol):
+    """Writes the next action from the observation and the last step's ``info``.
+
+    At the first turn ``info`` is the one ``reset`` returned (``info["turn"] == 0``); on a
+    resumed episode it is rebuilt from the last recorded turn.
+    """
+
+    name: str
+
+    def act(self, observation: str, info: dict[str, Any]) -> str: ...
+
+
+class ScriptedAgent:
+    """Submits a fixed file at each turn: turn t sends ``files[min(t - 1, len(files) - 1)]``."""
+
+    name = "scripted"
+
+    def __init__(self, files: Sequence[Path]) -> None:
+        if not files:
+            raise ValueError("a scripted agent needs at least one file")
+        for path in files:
+            if not Path(path).is_file():
+                raise FileNotFoundError(f"{path}: no such file")
+        self.files = tuple(Path(path) for path in files)
+
+    def act(self, observation: str, info: dict[str, Any]) -> str:
+        # info["turn"] counts the turns done; read from info, not kept here, so that a resumed
+        # episode picks the right file.
+        path = self.files[min(int(info["turn"]), len(self.files) - 1)]
+        return read_action(path)
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """What to run: every task × prompt variant × trajectory, each an episode of ``turns`` steps.
+
+    ``name`` identifies the run inside its output file: running a plan of the same name into the
+    same file resumes it. ``evaluator`` is a name (``auto``, ``gpu``, ``compile-only``) resolved
+    once per task, or an :class:`~ptxgym.evaluate.evaluator.Evaluator` object shared by every
+    episode.
+    """
+
+    name: str
+    tasks: tuple[str, ...]
+    variants: tuple[int, ...] = PROMPT_VARIANTS
+    trajectories: int = 1
+    turns: int = 8
+    knowledge: str = "full"
+    evaluator: str | Evaluator = "auto"
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            raise ValueError("a run needs a name")
+        if not self.tasks:
+            raise ValueError("a run needs at least one task")
+        if len(set(self.tasks)) != len(self.tasks):
+            raise ValueError(f"a task is listed twice: {', '.join(self.tasks)}")
+        for task_id in self.tasks:
+            get_task(task_id)  # an unknown id fails here, not midway through the run
+        if not self.variants or not set(self.variants) <= set(PROMPT_VARIANTS):
+            raise ValueError(
+                f"prompt variants must be among {PROMPT_VARIANTS}, not {self.variants}"
+            )
+        if len(set(self.variants)) != len(self.variants):
+            raise ValueError(f"a prompt variant is listed twice: {self.variants}")
+        if self.trajectories < 1 or self.turns < 1:
+            raise ValueError("trajectories and turns must be at least 1")
+        if self.knowledge not in KNOWLEDGE_LEVELS:
+            raise ValueError(f"knowledge must be one of {KNOWLEDGE_LEVELS}, not {self.knowledge!r}")
+        if isinstance(self.evaluator, str) and self.evaluator not in EVALUATORS:
+            raise ValueError(f"evaluator must be one of {EVALUATORS}, not {self.evaluator!r}")
+
+    @property
+    def episodes(self) -> list[Episode]:
+        """Every episode, in the order they run."""
+        return [
+            (task_id, variant, trajectory)
+            for task_id in self.tasks
+            for variant in self.variants
+            for trajectory in range(self.trajectories)
+        ]
+
+
+def run(plan: RunPlan, agent: Agent, out: Path, *, progress: bool = True) -> Path:
+    """Play every episode of ``plan`` with ``agent``, appending turn records to ``out``.
+
+    Resumes what ``out`` already holds for ``plan.name``. Returns ``out``.
+    """
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    recorded = _recorded(out, plan, agent) if out.exists() else {}
+    pending = [episode for episode in plan.episodes if len(recorded.get(episode, [])) < plan.turns]
+    owned: list[Evaluator] = []  # built here from a name, so closed here
+    evaluators: dict[str, Evaluator] = {}
+    for task_id in dict.fromkeys(task_id for task_id, _, _ in pending):
+        evaluators[task_id] = make_evaluator(plan.evaluator, get_task(task_id))
+        if evaluators[task_id] is not plan.evaluator:
+            owned.append(evaluators[task_id])
+    done = sum(min(len(recorded.get(episode, [])), plan.turns) for episode in plan.episodes)
+    bar = tqdm(
+        total=len(plan.episodes) * plan.turns,
+        initial=done,
+        desc=plan.name,
+        unit="turn",
+        disable=not progress,
+    )
+    recorders: dict[tuple[str, int], tuple[PTXKernelEnv, TrajectoryRecorder]] = {}
+    try:
+        for task_id, variant, trajectory in pending:
+            if (task_id, variant) not in recorders:
+                # One env per (task, variant): the prompt is built once, reset per trajectory.
+                env = PTXKernelEnv(
+                    task_id,
+                    turns=plan.turns,
+                    prompt_variant=variant,
+                    knowledge=plan.knowledge,
+                    evaluator=evaluators[task_id],
+                )
+                recorder = TrajectoryRecorder(env, out, run=plan.name, agent=agent.name)
+                recorders[(task_id, variant)] = (env, recorder)
+            env, recorder = recorders[(task_id, variant)]
+            history = recorded.get((task_id, variant, trajectory), [])
+            observation, info = recorder.reset(options={"trajectory": trajectory})
+            if history:
+                observation = env.resume([(r.source, r.feedback) for r in history])
+                info = _restored_info(history[-1])
+            for _ in range(len(history), plan.turns):
+                action = agent.act(observation, info)
+                observation, _, _, _, info = recorder.step(action)
+                bar.set_postfix_str(f"{task_id} v{variant} #{trajectory}: {info['status']}")
+                bar.update()
+    finally:
+        bar.close()
+        for _, recorder in recorders.values():
+            recorder.close()
+        for evaluator in owned:
+            evaluator.close()
+    return out
+
+
+def _recorded(out: Path, plan: RunPlan, agent: Agent) -> dict[Episode, list[TurnRecord]]:
+    """The turns ``out`` already holds for the plan's episodes, in order, checked for gaps."""
+    planned = set(plan.episodes)
+    episodes: dict[Episode, list[TurnRecord]] = defaultdict(list)
+    for record in read_records(out):
+        episode = (record.task_id, record.prompt_variant, record.trajectory)
+        if record.run == plan.name and record.knowledge == plan.knowledge and episode in planned:
+            episodes[episode].append(record)
+    for (task_id, variant, trajectory), records in episodes.items():
+        where = f"{out}: run {plan.name!r}, {task_id} variant {variant} trajectory {trajectory}"
+        records.sort(key=lambda record: record.turn)
+        turns = [record.turn for record in records]
+        if turns != list(range(1, len(turns) + 1)):
+            raise ValueError(f"{where}: recorded turns {turns} are not 1, 2, … in order")
+        others = {record.agent for record in records} - {agent.name}
+        if others:
+            raise ValueError(
+                f"{where}: recorded by agent {sorted(others)[0]!r}, not {agent.name!r}; "
+                "give this run another name"
+            )
+    return dict(episodes)
+
+
+def _restored_info(record: TurnRecord) -> dict[str, Any]:
+    """The ``info`` that the recorded step returned (the env's step keys), for the agent."""
+    return {
+        "task_id": record.task_id,
+        "turn": record.turn,
+        "status": record.status,
+        "message": record.message,
+        "source": record.source,
+        "feedback": record.feedback,
+        "reward_components": record.reward_components,
+        "outcome": record.outcome,
+    }

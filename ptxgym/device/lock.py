@@ -1,0 +1,240 @@
+"""Timings never share a GPU with other work of ours, across every process on the machine.
+
+A timing (a worker's correctness and timing stages, a workload's references and baseline) and a
+tool's one call of a candidate (the sanitizer's, the profiler's) hold their GPU **exclusively**:
+nothing else of ours puts work on it meanwhile. Making a CUDA context (the judge's, a worker's, a
+tool run's) holds it **shared**: any number at once, but never beside an exclusive holder. A
+context made in another process moves a long kernel's timing, though it launches nothing of
+ours: on the H200, a 42-ms GEMM timed with 2 warm-up calls and 3 trials of 5 while eight
+processes made contexts in a loop, with no lock, was up to 5.8 % slower (docs/benchmarks.md,
+seventh session); a 1.4-ms one timed with the judge's 3 trials of 50 did not move. The CPU
+parts around them (compiling, starting processes, loading the driver and a tool's injection,
+importing torch, reading reports) hold nothing and overlap freely. Exclusive holders are
+preferred: once one waits, new shared holders wait behind it, so timings are never starved by a
+stream of start-ups.
+
+The lock is a pair of ``flock``s on files named after the physical GPU, in one folder for the
+whole machine (``paths.lock_dir``: not the cache folder, which differs between users, test
+sessions and benchmark runs), so it holds between processes and ends with the process that
+holds it (a killed holder never leaves it locked). The main file is held exclusively or shared;
+the turnstile beside it is held by an exclusive holder from its arrival to its end and crossed
+briefly by shared ones, which is what makes waiting exclusive holders come first. Exclusive
+waiters inside one process are served first come, first served, and pass the lock from one to
+the next without letting go of it, for up to ``EXCLUSIVE_CHAIN_S`` by default
+(``_ExclusiveQueue``). A process holding the GPU exclusively must not ask for it shared (a
+second ``flock`` of the same file would wait for the first): what it does under the exclusive
+hold is covered by it.
+
+Beside it, one more lock for the whole machine: Nsight Compute's turn (``profiler_turn``). Two
+processes profiling at once make the driver refuse one ("Profiling failed because a driver
+resource was unavailable": 12 of 16 runs, eight at a time, on the H200). Nsight Compute's own
+lock between its instances lives in their temporary folder, and each profile run has its own.
+One folder shared by every run made the judge's profiles fail instead (4 of the 5 profile GPU
+tests; the profiled program's writes are confined to its own folder, likely the reason). So the
+runs take turns through this lock, which like Nsight Compute's holds for the machine, not the
+GPU. A profile run holds it inside its exclusive hold of the GPU (taken after it: nothing holds
+it while waiting for a GPU), from before the candidate's library is loaded (whose code could
+otherwise take it first) to the end of the call.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import fcntl
+import os
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from ptxgym import paths
+from ptxgym.device.gpus import physical_device
+
+# How long one process's exclusive holders may pass the GPU from one to the next without letting
+# go of its lock. Released between them, it let in every start-up waiting to make its CUDA
+# context (shared), and the next holder waited for the slowest of those: on the H200 at 16
+# trajectories, the GPU was held alone only 68 % of the time, though timings were always
+# waiting (docs/benchmarks.md, eleventh session). Chained, the start-ups wait for a gap in the
+# judge's queue and make their contexts together. The limit keeps other processes (tool runs'
+# calls, other judges) from waiting on one busy judge for long.
+EXCLUSIVE_CHAIN_S = 5.0
+
+
+class _ExclusiveQueue:
+    """This process's exclusive holders of one lock file: first come, first served, the file's
+    locks passed on still held while the chain is younger than the limit its first holder set
+    (``chain_s``)."""
+
+    def __init__(self, path: Path) -> None:
+        self._path = path
+        self._mutex = threading.Lock()
+        self._queue: collections.deque[threading.Event] = collections.deque()
+        self._held = False
+        # Touched only by the thread whose turn it is: the turnstile's and the lock file's
+        # descriptors while their locks are held, and since when.
+        self._descriptors: tuple[int, int] | None = None
+        self._chain_started = 0.0
+        self._chain_s = EXCLUSIVE_CHAIN_S
+
+    def acquire(self, chain_s: float) -> None:
+        turn = None
+        with self._mutex:
+            if self._held or self._queue:
+                turn = threading.Event()
+                self._queue.append(turn)
+            else:
+                self._held = True
+        if turn is not None:
+            turn.wait()
+        if self._descriptors is not None:
+            return  # handed on, still locked
+        try:
+            turnstile = _lock(_turnstile(self._path), fcntl.LOCK_EX)
+            try:
+                main = _lock(self._path, fcntl.LOCK_EX)
+            except BaseException:
+                os.close(turnstile)
+                raise
+        except BaseException:
+            self.release()  # the next in line takes the locks itself
+            raise
+        self._descriptors = (turnstile, main)
+        self._chain_started = time.monotonic()
+        self._chain_s = chain_s
+
+    def release(self) -> None:
+        with self._mutex:
+            chain_over = time.monotonic() - self._chain_started >= self._chain_s
+            if self._descriptors is not None and (chain_over or not self._queue):
+                turnstile, main = self._descriptors
+                self._descriptors = None
+                os.close(main)  # closing releases the flock
+                os.close(turnstile)
+            if self._queue:
+                self._queue.popleft().set()  # the turn passes straight to the next in line
+            else:
+                self._held = False
+
+
+_queues: dict[str, _ExclusiveQueue] = {}
+_queues_mutex = threading.Lock()
+
+
+def lock_path(device: int) -> Path:
+    """The lock file of CUDA device ``device`` of this process."""
+    name = physical_device(device).replace("/", "_")
+    return paths.lock_dir() / f"gpu-{name}.lock"
+
+
+def exclusive_gpu(
+    device: int, chain_s: float = EXCLUSIVE_CHAIN_S
+) -> contextlib.AbstractContextManager[float]:
+    """Hold GPU ``device`` alone for this block; yields the seconds spent waiting for it.
+    ``chain_s``: how long a chain this holder starts may hand the lock on unreleased."""
+    return holding(lock_path(device), exclusive=True, chain_s=chain_s)
+
+
+def shared_gpu(device: int) -> contextlib.AbstractContextManager[float]:
+    """Hold GPU ``device`` with other shared holders, never during a timing; yields the wait."""
+    return holding(lock_path(device), exclusive=False)
+
+
+def startup_hold(path: Path | None) -> contextlib.AbstractContextManager[object]:
+    """What a process's start-up holds while it makes its CUDA context: the GPU whose lock file
+    is ``path``, shared; nothing where ``path`` is None (``JudgeSettings.lock_startups`` off)."""
+    return holding(path, exclusive=False) if path is not None else contextlib.nullcontext()
+
+
+def profiler_lock_path() -> Path:
+    """The lock file of Nsight Compute's turn (``profiler_turn``): one for the machine, as
+    Nsight Compute's own is."""
+    return paths.lock_dir() / "nsight-compute.lock"
+
+
+@contextmanager
+def profiler_turn(path: Path) -> Iterator[float]:
+    """Profile with no other process of ours profiling: hold the lock file ``path``
+    (``profiler_lock_path``, handed to a child) alone; yields the wait. One plain ``flock``: its
+    holders are all alike (one call each), so it needs no turnstile."""
+    started = time.perf_counter()
+    with _locked(path, fcntl.LOCK_EX):
+        yield time.perf_counter() - started
+
+
+@contextmanager
+def holding(
+    path: Path, exclusive: bool = True, chain_s: float = EXCLUSIVE_CHAIN_S
+) -> Iterator[float]:
+    """Hold the GPU whose lock file is ``path``, alone or shared (a child process is given the
+    path, since its scrubbed environment cannot locate ptxgym's folders)."""
+    started = time.perf_counter()
+    if not exclusive:
+        with _locked(_turnstile(path), fcntl.LOCK_EX):
+            pass  # wait behind any exclusive holder that arrived first
+        with _locked(path, fcntl.LOCK_SH):
+            yield time.perf_counter() - started
+        return
+    with _queues_mutex:
+        queue = _queues.setdefault(str(path), _ExclusiveQueue(path))
+    queue.acquire(chain_s)
+    try:
+        yield time.perf_counter() - started
+    finally:
+        queue.release()
+
+
+def _turnstile(path: Path) -> Path:
+    return path.with_name(path.name + ".turnstile")
+
+
+@contextmanager
+def _locked(path: Path, operation: int) -> Iterator[None]:
+    descriptor = _lock(path, operation)
+    try:
+        yield
+    finally:
+        os.close(descriptor)  # closing releases the flock
+
+
+def _lock(path: Path, operation: int) -> int:
+    """A descriptor of ``path`` holding its ``flock`` (released when the descriptor is closed)."""
+    descriptor = _open(path)
+    try:
+        fcntl.flock(descriptor, operation)
+    except BaseException:
+        os.close(descriptor)
+        raise
+    return descriptor
+
+
+def ensure_lock_file(path: Path) -> Path:
+    """``path``, the lock file made if missing: for a child whose writes will be confined to its
+    own folder (ptxgym.sandbox.landlock), which can take a lock then but not make its file."""
+    os.close(_open(path))
+    return path
+
+
+def _open(path: Path) -> int:
+    # O_CLOEXEC: processes started while it is held (workers, compilers) must not inherit it.
+    # Read-only when the file exists (flock needs no write access): a process whose writes are
+    # confined to its own folder (ptxgym.sandbox.landlock), as a worker's and a single-call
+    # program's are, takes the lock too.
+    try:
+        return os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        _make_shared_folder(path.parent)
+        descriptor = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+        with contextlib.suppress(OSError):  # others' processes open it too (umask aside)
+            os.fchmod(descriptor, 0o666)
+        return descriptor
+
+
+def _make_shared_folder(folder: Path) -> None:
+    """The locks' folder, writable by every user like /tmp itself (sticky: no one removes
+    another's lock file)."""
+    if not folder.is_dir():
+        folder.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(OSError):
+            folder.chmod(0o1777)

@@ -1,0 +1,35 @@
+"""Evaluation: a candidate source in, an :class:`~ptxgym.outcome.Outcome` out.
+
+``evaluator`` holds the :class:`Evaluator` protocol and ``make_evaluator``; ``build_step`` the
+policy-and-build stage every evaluator starts with; ``compile_only`` and ``local_gpu`` are the two
+evaluators. Behind ``local_gpu``: the ``judge`` (in its own process, ``judge_server``, answering in
+``verdict_json``) runs the candidate in a confined ``worker`` under the exact ``worker_protocol``,
+with ``correctness``, ``timing`` and ``baselines``, and starts the tool runs (``tool_runs``:
+``sanitizer`` and ``profile``, each a ``single_call`` of the candidate).
+
+The names below are imported on first use, so importing one module of this package never pulls
+in the judge (and torch) by way of this file.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "Evaluator": "ptxgym.evaluate.evaluator",
+    "EVALUATORS": "ptxgym.evaluate.evaluator",
+    "make_evaluator": "ptxgym.evaluate.evaluator",
+    "CompileOnlyEvaluator": "ptxgym.evaluate.compile_only",
+    "build_candidate": "ptxgym.evaluate.build_step",
+    "LocalGPUEvaluator": "ptxgym.evaluate.local_gpu",
+    "incompatibility": "ptxgym.evaluate.local_gpu",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(_EXPORTS[name]), name)

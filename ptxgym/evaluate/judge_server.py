@@ -1,0 +1,570 @@
+"""Serving a judge: to the one process that started it, or to every process of the user.
+
+``judge_main`` is the process entry of a judge private to one evaluator process (its requests
+come over a pipe). ``serve_connection`` answers the requests of one connection; both it and the
+shared server use it.
+
+The shared judge: one server per GPU, settings and task folder, on a Unix socket.
+
+Envs in different processes (``AsyncVectorEnv`` workers, separate training processes) that ask
+for a shared judge (``LocalGPUEvaluator(shared=True)``) all talk to the same judge process. It
+keeps one copy of each workload's references and inputs seeds, one baseline measurement, one pool
+of spare workers, and it overlaps their requests as a judge does for threads. The first process
+that needs the server starts it, detached (it outlives that process); it stops by itself once no
+process has been connected for ``IDLE_S`` seconds.
+
+The socket and its key live in ptxgym's cache folder, readable by the user only. Connections
+authenticate with the key (``multiprocessing.connection``'s HMAC challenge, which exchanges only
+raw bytes), each in its own thread and within ``HANDSHAKE_TIMEOUT_S``, so a peer that stalls or
+misbehaves there holds up nobody else.
+
+Messages, on the private pipe and the socket alike, in both directions, are JSON, never pickles:
+the judge is trusted and unconfined, and whoever can write on its connection (a process that got
+the key) must not be able to run code in it, nor a judge in its clients. Each message is one
+``send_bytes`` frame of UTF-8 JSON, read with a size limit (``MAX_REQUEST_BYTES``,
+``MAX_ANSWER_BYTES``) and checked before use:
+
+- a request is ``[kind, request_id, deadline, *arguments]``: ``["evaluate", id, deadline, task,
+  library]`` or ``["baseline", id, deadline, task]``, where ``task`` is the task's JSON
+  (``Task.model_dump(mode="json")``), ``library`` a path, ``id`` an integer and ``deadline`` a
+  ``time.time()`` or null; ``["close"]`` ends the connection. The judge evaluates only its own
+  registered tasks (``ptxgym.tasks.registry``): a task's callables are imported and called in
+  the judge, so one named by the client is refused unless it is exactly the judge's task of that
+  id.
+- an answer is ``[request_id, kind, payload]``: ``verdict`` (``ptxgym.evaluate.verdict_json``),
+  ``baseline`` (milliseconds per workload), ``failed`` or ``expired`` (a reason), and, with a
+  null id, ``ready`` (the device facts) first, or ``failed`` before the connection is closed.
+
+A request whose arguments are wrong is answered ``failed`` and the connection goes on; a message
+that is not a request at all (not JSON, no id, too large) is answered ``failed`` with a null id
+and the connection is closed. Nothing a client sends stops the server.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import fcntl
+import hashlib
+import importlib
+import json
+import math
+import os
+import secrets
+import socket as sockets
+import struct
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from multiprocessing import AuthenticationError
+from multiprocessing.connection import (
+    Client,
+    Connection,
+    Listener,
+    answer_challenge,
+    deliver_challenge,
+)
+from pathlib import Path
+from typing import Any, TypeGuard
+
+from ptxgym import paths
+from ptxgym.device.gpus import physical_device
+from ptxgym.evaluate.judge import Judge, JudgeSettings, Verdict
+from ptxgym.evaluate.verdict_json import VerdictFormatError, verdict_from_json, verdict_to_json
+from ptxgym.tasks import Task, registry
+
+IDLE_S = 120.0
+_START_TIMEOUT_S = 600.0
+# A client answers the key's challenge in milliseconds; one that has not within this many
+# seconds (per read) is dropped.
+HANDSHAKE_TIMEOUT_S = 10.0
+# The largest task's JSON is about 10 kB; a request is the task, a path and a few numbers.
+MAX_REQUEST_BYTES = 1 << 20
+# A verdict is mostly bounded text (logs and findings are trimmed), but a profile lists every
+# kernel the candidate launched, by its name: room for many.
+MAX_ANSWER_BYTES = 64 << 20
+_MAX_LIBRARY_CHARS = 4096
+
+
+class MessageError(ValueError):
+    """A message on a judge's connection that is not of the protocol (see the module).
+
+    ``request_id``: the request it concerns, None when the message named none.
+    """
+
+    def __init__(self, reason: str, request_id: int | None = None) -> None:
+        super().__init__(reason)
+        self.request_id = request_id
+
+
+@dataclasses.dataclass(frozen=True)
+class Request:
+    """A request to a judge: evaluate ``library`` on ``task``, or with no library, measure
+    (or look up) the task's baseline."""
+
+    request_id: int
+    deadline: float | None
+    task: Task
+    library: str | None = None
+
+    @property
+    def kind(self) -> str:
+        return "baseline" if self.library is None else "evaluate"
+
+    def message(self) -> list[Any]:
+        """The request as the client sends it."""
+        arguments: list[Any] = [self.task.model_dump(mode="json")]
+        if self.library is not None:
+            arguments.append(self.library)
+        return [self.kind, self.request_id, self.deadline, *arguments]
+
+    @classmethod
+    def from_message(cls, message: list[Any]) -> Request:
+        """The request ``message`` holds, checked; a MessageError otherwise."""
+        request_id = message[1] if len(message) > 1 else None
+        if not _is_request_id(request_id):
+            raise MessageError(f"no request id in {str(message)[:80]}")
+        kind = message[0]
+        if kind not in ("evaluate", "baseline"):
+            raise MessageError(f"unknown request {str(kind)[:40]!r}", request_id)
+        arguments = message[3:]
+        if len(arguments) != (2 if kind == "evaluate" else 1):
+            raise MessageError(f"wrong number of arguments for {kind}", request_id)
+        deadline = message[2]
+        if deadline is not None and not (_is_number(deadline) and math.isfinite(deadline)):
+            raise MessageError("the deadline must be a time (seconds) or null", request_id)
+        task = _registered_task(arguments[0], request_id)
+        if kind == "baseline":
+            return cls(request_id, deadline, task)
+        library = arguments[1]
+        if not isinstance(library, str) or not 0 < len(library) <= _MAX_LIBRARY_CHARS:
+            raise MessageError("the library must be a path", request_id)
+        if "\0" in library:
+            raise MessageError("the library's path holds a NUL character", request_id)
+        return cls(request_id, deadline, task, library)
+
+
+def _is_request_id(value: object) -> TypeGuard[int]:
+    # A JSON true or false reads as a Python bool, which is an int too: refused.
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _registered_task(data: object, request_id: int) -> Task:
+    """The judge's own task that ``data`` is the JSON of. A task's callables are imported and
+    run in the judge, so ``data`` is compared with the registered task, never built into one."""
+    try:
+        tasks = registry()
+    except (OSError, ValueError) as exc:
+        raise MessageError(f"the judge's tasks could not be loaded: {exc}", request_id) from None
+    task_id = data.get("id") if isinstance(data, dict) else None
+    task = tasks.get(task_id) if isinstance(task_id, str) else None
+    if task is None:
+        raise MessageError(f"the judge has no task {str(task_id)[:80]!r}", request_id)
+    if task.model_dump(mode="json") != data:
+        raise MessageError(
+            f"{task_id} differs from the judge's task of that id: its task file changed since "
+            "the judge started",
+            request_id,
+        )
+    return task
+
+
+def send_message(conn: Connection, message: list[Any]) -> None:
+    """Send ``message`` (JSON values) as one frame."""
+    conn.send_bytes(json.dumps(message).encode())
+
+
+def receive_message(conn: Connection, max_bytes: int) -> list[Any]:
+    """The next message on ``conn``: a non-empty JSON list of at most ``max_bytes`` bytes, or a
+    MessageError. A message over the limit is not read, and ``conn`` can no longer be read
+    from (the frames' boundaries are lost). EOFError and OSError: the connection broke."""
+    try:
+        data = conn.recv_bytes(max_bytes)
+    except OSError as exc:
+        if not conn.closed and not conn.readable:  # what recv_bytes does to a frame too large
+            raise MessageError(f"a message of over {max_bytes} bytes") from exc
+        raise
+    try:
+        message = json.loads(data)
+    except (ValueError, RecursionError) as exc:  # not UTF-8, not JSON, or nested too deep
+        raise MessageError(f"not a JSON message ({type(exc).__name__}: {str(exc)[:200]})") from None
+    if not isinstance(message, list) or not message:
+        raise MessageError(f"a message must be a non-empty JSON list, not {str(message)[:80]}")
+    return message
+
+
+def answer_message(request_id: int | None, kind: str, payload: Any) -> list[Any]:
+    """An answer as the judge sends it: a ``Verdict`` payload is written as JSON
+    (``ptxgym.evaluate.verdict_json``), any other payload must be JSON values already."""
+    if isinstance(payload, Verdict):
+        payload = verdict_to_json(payload)
+    return [request_id, kind, payload]
+
+
+def read_answer(message: list[Any]) -> tuple[int | None, str, Any]:
+    """``(request_id, kind, payload)`` of an answer, its payload checked for its kind (a
+    ``Verdict`` for ``verdict``); a MessageError otherwise, with the request id if it had one."""
+    if len(message) != 3:
+        raise MessageError(f"an answer has 3 parts, not {len(message)}")
+    request_id, kind, payload = message
+    if request_id is not None and not _is_request_id(request_id):
+        raise MessageError(f"an answer's request id is not one: {str(request_id)[:40]}")
+    if kind == "verdict":
+        try:
+            return request_id, kind, verdict_from_json(payload)
+        except VerdictFormatError as exc:
+            raise MessageError(f"a malformed verdict: {exc}", request_id) from None
+    if kind == "baseline" and isinstance(payload, dict) and all(map(_is_number, payload.values())):
+        return request_id, kind, {str(name): float(ms) for name, ms in payload.items()}
+    if kind == "ready" and isinstance(payload, dict):
+        return request_id, kind, payload
+    if kind in ("failed", "expired") and isinstance(payload, str):
+        return request_id, kind, payload
+    raise MessageError(f"a malformed answer of kind {str(kind)[:40]!r}", request_id)
+
+
+DEFAULT_JUDGE = "ptxgym.evaluate.judge:Judge"
+
+
+def start_private_judge(
+    device: int, settings: JudgeSettings, factory: str = DEFAULT_JUDGE
+) -> tuple[Connection, subprocess.Popen[bytes]]:
+    """Start a judge private to this process: ``python -m ptxgym.evaluate.judge_server private``, a
+    program of its own, talking over a socket pair. Not multiprocessing's ``spawn``, which runs
+    the parent's main script again in the child: a user's script without an
+    ``if __name__ == "__main__":`` guard (as RL scripts and the README's snippet are written)
+    would then step an env inside the judge's start-up. The child sees the parent's module path,
+    so ``factory`` (``module:name``) may name anything the parent can import."""
+    ours, theirs = sockets.socketpair(sockets.AF_UNIX, sockets.SOCK_STREAM)
+    module_path = os.pathsep.join(entry for entry in sys.path if entry)
+    command = [
+        sys.executable,
+        "-m",
+        "ptxgym.evaluate.judge_server",
+        "private",
+        str(theirs.fileno()),
+        str(device),
+        json.dumps(dataclasses.asdict(settings)),
+        factory,
+    ]
+    try:
+        process = subprocess.Popen(
+            command,
+            pass_fds=(theirs.fileno(),),
+            env={**os.environ, "PYTHONPATH": module_path},
+            stdin=subprocess.DEVNULL,
+        )
+    finally:
+        theirs.close()
+    return Connection(ours.detach()), process
+
+
+def judge_main(
+    conn: Connection,
+    device: int,
+    settings: JudgeSettings,
+    factory: Callable[[int, JudgeSettings], Judge] = Judge,
+) -> None:
+    """Serve the requests of a judge private to one evaluator process on ``conn`` until it
+    closes (``python -m ptxgym.evaluate.judge_server private``, started by ``start_private_judge``).
+
+    ``factory`` makes the judge (tests give a stand-in that needs no GPU).
+    """
+    with contextlib.closing(conn):  # when the judge ends, its client hears so at once
+        try:
+            judge = factory(device, settings)
+        except Exception as exc:
+            send_message(conn, answer_message(None, "failed", f"{type(exc).__name__}: {exc}"))
+            return
+        send_message(conn, answer_message(None, "ready", judge.device_info))
+        with ThreadPoolExecutor(max_workers=settings.concurrency) as pool:
+            serve_connection(conn, judge, pool)
+            pool.shutdown(wait=False, cancel_futures=True)
+    judge.close()
+
+
+def serve_connection(conn: Connection, judge: Judge, pool: ThreadPoolExecutor) -> None:
+    """Answer the requests that arrive on ``conn`` until it closes, says ``close``, or sends
+    something that is not a request.
+
+    Each request (see the module) is served by ``pool`` (in the order received, as many at once
+    as the pool has threads) and answered on ``conn`` with ``[request_id, kind, payload]``. A
+    request still queued when its deadline (``time.time()`` seconds, or None) passes is answered
+    ``expired`` and not served.
+    """
+    send_lock = threading.Lock()
+
+    def answer(request_id: int | None, kind: str, payload: Any) -> None:
+        try:
+            data = json.dumps(answer_message(request_id, kind, payload)).encode()
+        except Exception as exc:  # a judge's bug: say so rather than leave the asker waiting
+            answer(request_id, "failed", f"the answer could not be written: {exc}")
+            return
+        if len(data) > MAX_ANSWER_BYTES:
+            answer(request_id, "failed", f"the answer is over {MAX_ANSWER_BYTES} bytes")
+            return
+        try:
+            with send_lock:
+                conn.send_bytes(data)
+        except (OSError, ValueError):
+            pass  # the asker has gone; nobody is left to tell
+
+    def serve(request: Request) -> None:
+        if request.deadline is not None and time.time() > request.deadline:
+            answer(
+                request.request_id, "expired", "the request waited past its deadline in the queue"
+            )
+            return
+        try:
+            if request.library is not None:
+                verdict = judge.evaluate(request.task, request.library)
+                answer(request.request_id, "verdict", verdict)
+            else:
+                answer(request.request_id, "baseline", judge.baseline_ms(request.task))
+        except Exception as exc:  # an evaluator bug or a missing dependency: report, keep serving
+            answer(request.request_id, "failed", f"{type(exc).__name__}: {exc}")
+
+    while True:
+        try:
+            message = receive_message(conn, MAX_REQUEST_BYTES)
+            if message == ["close"]:
+                break
+            request = Request.from_message(message)
+        except (EOFError, OSError):
+            break
+        except MessageError as exc:
+            answer(exc.request_id, "failed", f"refused: {exc}")
+            if exc.request_id is None:
+                break  # not a request at all: the client is broken or hostile
+            continue
+        pool.submit(serve, request)
+
+
+@dataclasses.dataclass(frozen=True)
+class ServerFiles:
+    """Where the server of one (GPU, settings) listens, its key, its start lock and its log."""
+
+    socket: Path
+    key: Path
+    lock: Path
+    log: Path
+
+
+def server_files(device: int, settings: JudgeSettings) -> ServerFiles:
+    """The files of the server for CUDA device ``device`` of this process and ``settings``, and
+    this process's task folder (the judge evaluates only its own tasks: ``Request``)."""
+    physical = physical_device(device).replace("/", "_")
+    served = {"settings": dataclasses.asdict(settings), "tasks": str(paths.envs_dir())}
+    digest = hashlib.sha256(json.dumps(served, sort_keys=True).encode()).hexdigest()[:12]
+    # Unix socket paths are limited to about 100 bytes: a short name in a short folder.
+    folder = paths.cache_dir() / "judges"
+    stem = f"gpu{physical}-{digest}"
+    return ServerFiles(
+        folder / f"{stem}.sock",
+        folder / f"{stem}.key",
+        folder / f"{stem}.start-lock",
+        folder / f"{stem}.log",
+    )
+
+
+def connect(device: int, settings: JudgeSettings) -> tuple[Connection, dict[str, Any]]:
+    """A connection to the shared judge of ``device`` and ``settings``, and its device facts;
+    the server is started first if none is running."""
+    files = server_files(device, settings)
+    files.socket.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    for _ in range(3):  # a server stopping just as we connect closes on us: start a new one
+        descriptor = os.open(files.lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(descriptor, fcntl.LOCK_EX)  # one starter at a time
+            key = _key(files.key)
+            conn = _try_connect(files.socket, key)
+            if conn is None:
+                files.socket.unlink(missing_ok=True)  # left by a server that died
+                server = _start_server(files, device, settings)
+                conn = _wait_for_server(files, key, server)
+        finally:
+            os.close(descriptor)
+        try:
+            _, kind, payload = read_answer(receive_message(conn, MAX_ANSWER_BYTES))
+        except (EOFError, OSError):
+            conn.close()
+            continue
+        except MessageError as exc:
+            conn.close()
+            raise RuntimeError(
+                f"the shared judge's first answer is not of the protocol: {exc}"
+            ) from None
+        if kind != "ready":
+            conn.close()
+            raise RuntimeError(f"the shared judge failed to start: {payload}")
+        return conn, payload
+    raise RuntimeError(f"could not connect to the shared judge at {files.socket}")
+
+
+def _key(path: Path) -> bytes:
+    if not path.exists():
+        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(descriptor, "w") as out:
+            out.write(secrets.token_hex(32))
+    return path.read_text().strip().encode()
+
+
+def _try_connect(socket: Path, key: bytes) -> Connection | None:
+    if not socket.exists():
+        return None
+    try:
+        return Client(str(socket), family="AF_UNIX", authkey=key)
+    except (OSError, EOFError, AuthenticationError):
+        return None
+
+
+def _start_server(
+    files: ServerFiles, device: int, settings: JudgeSettings
+) -> subprocess.Popen[bytes]:
+    environment = {**os.environ, "CUDA_VISIBLE_DEVICES": physical_device(device)}
+    with files.log.open("ab") as log:
+        server = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "ptxgym.evaluate.judge_server",
+                str(files.socket),
+                str(files.key),
+                json.dumps(dataclasses.asdict(settings)),
+            ],
+            env=environment,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # detached: it outlives the process that started it
+        )
+    # It stops by itself once idle, maybe while this process lives on: reaped then, not left a
+    # zombie for as long as this process runs.
+    threading.Thread(target=server.wait, name="judge-server-reaper", daemon=True).start()
+    return server
+
+
+def _wait_for_server(files: ServerFiles, key: bytes, server: subprocess.Popen[bytes]) -> Connection:
+    deadline = time.monotonic() + _START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        conn = _try_connect(files.socket, key)
+        if conn is not None:
+            return conn
+        if server.poll() is not None:
+            tail = files.log.read_text(errors="replace")[-2000:]
+            raise RuntimeError(f"the shared judge exited with code {server.returncode}:\n{tail}")
+        time.sleep(0.1)
+    raise RuntimeError(f"the shared judge did not start; its log is {files.log}")
+
+
+def serve(
+    socket: Path,
+    key: bytes,
+    settings: JudgeSettings,
+    idle_s: float = IDLE_S,
+    factory: Callable[[int, JudgeSettings], Judge] = Judge,
+) -> None:
+    """The server: one judge (device 0 of this process), any number of connections, until no
+    connection has been open for ``idle_s``. ``factory`` makes the judge (tests: a stand-in)."""
+    judge = factory(0, settings)
+    # No authkey here: Listener.accept would run the key's challenge in the accepting thread,
+    # where one client that stalls holds up every other. Each connection's thread runs it.
+    listener = Listener(str(socket), family="AF_UNIX")
+    os.chmod(socket, 0o600)
+    active = 0
+    last_left = time.monotonic()
+    stopping = threading.Event()
+    mutex = threading.Lock()
+
+    def watch_idle() -> None:
+        while not stopping.is_set():
+            time.sleep(min(5.0, idle_s / 4))
+            with mutex:
+                if active == 0 and time.monotonic() - last_left > idle_s:
+                    # Gone from the file system first: a process that comes now starts a new
+                    # server instead of connecting to this one as it stops.
+                    with contextlib.suppress(OSError):
+                        socket.unlink()
+                    stopping.set()
+
+    def handle(conn: Connection) -> None:
+        nonlocal active, last_left
+        try:
+            try:
+                _authenticate(conn, key)
+                send_message(conn, answer_message(None, "ready", judge.device_info))
+            except Exception:  # what the challenge raises differs between Python versions
+                return  # a wrong key, a client that stalled or left, or one that sent garbage
+            serve_connection(conn, judge, pool)
+        finally:
+            conn.close()
+            with mutex:
+                active -= 1
+                last_left = time.monotonic()
+
+    threading.Thread(target=watch_idle, daemon=True).start()
+    # accept() wakes every second to see whether the server is stopping. Listener has no public
+    # timeout; its listening socket is reached through a private attribute.
+    listener._listener._socket.settimeout(1.0)  # type: ignore[attr-defined]
+    with ThreadPoolExecutor(max_workers=settings.concurrency) as pool:
+        while not stopping.is_set():
+            try:
+                conn = listener.accept()
+            except OSError:
+                continue  # the periodic wake-up
+            with mutex:
+                if stopping.is_set():
+                    conn.close()
+                    break
+                active += 1
+            threading.Thread(target=handle, args=(conn,), daemon=True).start()
+    with contextlib.suppress(OSError):  # it unlinks the socket, which may be gone already
+        listener.close()
+    judge.close()
+
+
+def _authenticate(conn: Connection, key: bytes) -> None:
+    """The key's challenge, both ways, as ``Listener(authkey=key).accept`` runs it
+    (``multiprocessing.connection``: raw byte frames of at most 256 bytes and an HMAC, nothing
+    unpickled), each read bounded by ``HANDSHAKE_TIMEOUT_S``; raises when it fails."""
+    seconds, fraction = divmod(HANDSHAKE_TIMEOUT_S, 1.0)
+    bounded = struct.pack("ll", int(seconds), int(fraction * 1e6))  # a struct timeval
+    # A second descriptor of the same socket, only to set its option: closing it leaves conn's.
+    with sockets.fromfd(conn.fileno(), sockets.AF_UNIX, sockets.SOCK_STREAM) as view:
+        view.setsockopt(sockets.SOL_SOCKET, sockets.SO_RCVTIMEO, bounded)
+        deliver_challenge(conn, key)
+        answer_challenge(conn, key)
+        # Authenticated: from now on a client may stay quiet as long as it likes.
+        view.setsockopt(sockets.SOL_SOCKET, sockets.SO_RCVTIMEO, struct.pack("ll", 0, 0))
+
+
+def main(argv: list[str]) -> int:
+    """``python -m ptxgym.evaluate.judge_server SOCKET KEYFILE SETTINGS_JSON``: the shared server.
+    ``python -m ptxgym.evaluate.judge_server private FD DEVICE SETTINGS_JSON FACTORY``: a private
+    judge serving the socket inherited as descriptor FD (``start_private_judge``)."""
+    if len(argv) == 5 and argv[0] == "private":
+        settings = JudgeSettings(**json.loads(argv[3]))
+        module, name = argv[4].split(":")
+        factory = getattr(importlib.import_module(module), name)
+        judge_main(Connection(int(argv[1])), int(argv[2]), settings, factory)
+        return 0
+    if len(argv) != 3:
+        print(
+            "usage: python -m ptxgym.evaluate.judge_server SOCKET KEYFILE SETTINGS_JSON",
+            file=sys.stderr,
+        )
+        return 2
+    settings = JudgeSettings(**json.loads(argv[2]))
+    serve(Path(argv[0]), Path(argv[1]).read_text().strip().encode(), settings)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

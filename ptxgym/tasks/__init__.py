@@ -1,0 +1,50 @@
+"""Tasks are data: the schema of a task, the loader of ``envs/``, the workload expressions and
+the knowledge packs. The names below are what the other stages (and users) import."""
+
+from ptxgym.tasks.loader import get_task, load_family_file, load_targets, load_tasks, registry
+from ptxgym.tasks.schema import (
+    DTYPE_BYTES,
+    GPU,
+    TASK_ID_RE,
+    Axis,
+    Callables,
+    EntryPoint,
+    InstructionFamily,
+    OpDefinition,
+    Target,
+    Task,
+    TaskFileError,
+    TensorSpec,
+    Tolerance,
+    WorkloadSpec,
+    c_parameter_types,
+    check_callable_exists,
+    locate_module,
+    render_signature,
+)
+
+__all__ = [
+    "DTYPE_BYTES",
+    "GPU",
+    "TASK_ID_RE",
+    "Axis",
+    "Callables",
+    "EntryPoint",
+    "InstructionFamily",
+    "OpDefinition",
+    "Target",
+    "Task",
+    "TaskFileError",
+    "TensorSpec",
+    "Tolerance",
+    "WorkloadSpec",
+    "c_parameter_types",
+    "check_callable_exists",
+    "get_task",
+    "load_family_file",
+    "load_targets",
+    "load_tasks",
+    "locate_module",
+    "registry",
+    "render_signature",
+]

@@ -1,0 +1,349 @@
+"""The judge's pieces that need no GPU: cached baselines, the worker log's tail, workers that
+cannot start, how workers are started, and the worker's side of the conversation with the judge
+(its GPU stood in for)."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import sys
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ptxgym.evaluate import judge as judge_module
+from ptxgym.evaluate.baselines import baseline_key, cached_baseline, store_baseline
+from ptxgym.evaluate.correctness import CheckReport, check_outputs
+from ptxgym.evaluate.judge import (
+    Conversation,
+    Judge,
+    JudgeSettings,
+    Verdict,
+    WorkerStartError,
+    _output_bytes,
+    _Stage,
+    _TimingPlan,
+    _Worker,
+    _worker_job,
+    _WorkloadState,
+    worker_context,
+)
+from ptxgym.evaluate.worker import WORKER_IMPORTS
+from ptxgym.outcome import Status
+from ptxgym.sandbox import channel
+from ptxgym.tasks import Task, WorkloadSpec, get_task
+
+GEMM = get_task("PTX-H100-GEMM")
+
+
+def test_cached_baselines_are_keyed_by_every_axis_and_the_protocol() -> None:
+    device = {
+        "name": "H200",
+        "driver": "580",
+        "torch": "2.11",
+        "cuda": "13.0",
+        "cudnn": 91900,
+        "timing_method": "cupti",
+    }
+    keys = {
+        baseline_key(device, {}, get_task(task_id), get_task(task_id).workloads[0], protocol)
+        for task_id in ("PTX-H100-MHAFwd-d64", "PTX-H100-MHAFwd-d96", "PTX-H100-MHAFwd-d128")
+        for protocol in (
+            {"warmup": 10, "iters": 50, "trials": 3},
+            {"warmup": 10, "iters": 5, "trials": 3},
+        )
+    }
+    assert len(keys) == 6
+
+
+def test_a_stored_baseline_is_read_back(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PTXGYM_CACHE", str(tmp_path))
+    assert cached_baseline("k") is None
+    store_baseline("k", 1.25, "cupti")
+    store_baseline("other", 2.0, "host-sync")
+    assert cached_baseline("k") == (1.25, "cupti")
+    assert cached_baseline("other") == (2.0, "host-sync")
+
+
+def test_only_the_end_of_a_huge_worker_log_is_read(tmp_path: Path) -> None:
+    log = tmp_path / "worker.log"
+    log.write_bytes(b"x" * 5_000_000 + b"\nFatal Python error: Segmentation fault\n")
+    worker = _Worker.__new__(_Worker)  # no process: only the log is needed
+    worker.log_path = log
+    tail = worker.log_tail()
+    assert tail.endswith("Fatal Python error: Segmentation fault")
+    assert len(tail) <= 2000
+
+
+def _broken_worker(conn: object, device: int, log_path: str, home: str, gpu_lock: str) -> None:
+    """Stands in for ``worker_main`` on a host where CUDA cannot start in the worker."""
+    import os
+
+    with open(log_path, "a") as log:
+        log.write("RuntimeError: cudaGetDeviceCount(): Error 304: OS call failed\n")
+    os._exit(1)
+
+
+def test_a_worker_that_cannot_start_fails_the_request_with_its_own_words(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import multiprocessing
+    import threading
+
+    monkeypatch.setenv("PTXGYM_LOCK_DIR", str(tmp_path / "locks"))
+    monkeypatch.setattr(judge_module, "worker_main", _broken_worker)
+    judge = Judge.__new__(Judge)  # no CUDA: only the worker start is exercised
+    judge.context = multiprocessing.get_context("fork")  # the stand-in reaches the child
+    judge.device, judge.folder, judge.spares = 0, tmp_path / "judge", []
+    judge.settings = JudgeSettings()
+    judge._mutex = threading.Lock()
+    with pytest.raises(WorkerStartError, match=r"failed to start twice.*Error 304"):
+        judge._take_worker()
+    assert not list((tmp_path / "judge").glob("worker-*"))  # both workers cleaned up
+
+
+def test_workload_states_are_kept_within_the_memory_budget(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import collections
+    import threading
+
+    import torch
+
+    from ptxgym.evaluate.judge import Judge, JudgeSettings, _Stage, _WorkloadState
+
+    monkeypatch.setenv("PTXGYM_CACHE", str(tmp_path))
+    judge = Judge.__new__(Judge)  # no GPU: states are built by the stand-in below
+    judge.settings = JudgeSettings(state_budget_bytes=3000)
+    judge.device = 0
+    judge.states = collections.OrderedDict()
+    judge._state_locks = {}
+    judge._mutex = threading.Lock()
+    built: list[str] = []
+
+    def build(task: object, workload: object) -> _WorkloadState:
+        name = f"w{len(built)}"
+        built.append(name)
+        stage = _Stage("trial0", 1, False, {"C": torch.zeros(250, dtype=torch.float32)})
+        return _WorkloadState(GEMM.workloads[0].model_copy(update={"name": name}), [stage], 1, "")
+
+    monkeypatch.setattr(judge, "_build_state", build)
+    workloads = [GEMM.workloads[0].model_copy(update={"name": f"w{i}"}) for i in range(4)]
+    for workload in workloads[:3]:  # 1000 bytes each: all three fit
+        judge.workload_state(GEMM, workload)
+    judge.workload_state(GEMM, workloads[0])  # reused, and now the most recently used
+    judge.workload_state(GEMM, workloads[3])  # over budget: the least recently used (w1) goes
+    assert built == ["w0", "w1", "w2", "w3"]
+    assert [key[1] for key in judge.states] == ["w2", "w0", "w3"]
+    judge.workload_state(GEMM, workloads[1])  # rebuilt when needed again
+    assert built[-1] == "w4"
+
+
+def test_the_output_arena_fits_every_tasks_outputs() -> None:
+    from ptxgym.evaluate.judge import _output_bytes
+    from ptxgym.tasks import registry
+
+    gemm = GEMM.workloads[0]
+    # C is [M, N] bf16: 8192 * 8192 * 2 bytes, already aligned.
+    assert _output_bytes(GEMM, gemm) == 8192 * 8192 * 2
+    for task in registry().values():
+        for workload in task.workloads:
+            assert _output_bytes(task, workload) > 0
+
+
+def _report_imports(conn: Connection) -> None:
+    """In a started worker process: which of a worker's imports were there when it began."""
+    conn.send(sorted(name for name in WORKER_IMPORTS if name in sys.modules))
+
+
+@pytest.mark.parametrize("fork", [True, False], ids=["forked", "spawned"])
+def test_forked_workers_begin_with_their_imports_done(fork: bool) -> None:
+    # A fresh worker imports Python's and torch's modules again (most of a start-up's CPU time
+    # on the H200 host); one forked from the judge's forkserver has them already.
+    context = worker_context(fork)
+    parent, child = context.Pipe()
+    process = context.Process(target=_report_imports, args=(child,))
+    process.start()
+    child.close()
+    assert parent.poll(120)
+    imported = parent.recv()
+    process.join(timeout=30)
+    assert process.exitcode == 0
+    assert ("torch" in imported) is fork
+
+
+# ------------------------------------------------------------------------------------------
+# The worker's side of the conversation, its GPU stood in for by CPU tensors
+
+
+SMALL = WorkloadSpec(name="small", axes={"M": 16, "N": 8, "K": 32})
+SMALL_GEMM = GEMM.model_copy(update={"workloads": [SMALL]})
+SHORT = JudgeSettings(stage_timeout_s=10.0, warmup=2, iters=5, trials=3)
+
+
+def _cpu_inputs(seed: int) -> dict[str, Any]:
+    import torch
+
+    generator = torch.Generator().manual_seed(seed)
+    return {
+        "A": torch.randn(16, 32, generator=generator).bfloat16(),
+        "B": torch.randn(8, 32, generator=generator).bfloat16(),
+    }
+
+
+class _CpuEntry:
+    """Stands in for the candidate's library: C = A·Bᵀ on the CPU; ``failing_call`` (counted
+    from the first call of all) returns CUDA's illegal-address error instead."""
+
+    failing_call: int | None = None
+
+    def __init__(self, library: str, task: Task) -> None:
+        self.calls = 0
+
+    def __call__(self, inputs: Any, outputs: Any, axes: Any, stream: int) -> int:
+        self.calls += 1
+        if self.calls == self.failing_call:
+            return 700
+        product = inputs["A"].float() @ inputs["B"].float().T
+        outputs["C"].copy_(product.bfloat16())
+        return 0
+
+
+class _CpuChecks:
+    """The judge's checks on the CPU, against references made from the seeds."""
+
+    def __init__(self, states: list[_WorkloadState], plans: dict[str, _TimingPlan]) -> None:
+        self.seeds = {stage.name: stage.seed for stage in states[0].stages}
+        self.plans = plans
+
+    def stage(self, workload: str, stage: str, outputs: dict[str, Any]) -> CheckReport:
+        return self._compare(stage, outputs, self.seeds[stage])
+
+    def timed_call(self, workload: str, call: int, outputs: dict[str, Any]) -> CheckReport:
+        return self._compare(f"timed call {call}", outputs, self.plans[workload].seed + call)
+
+    def _compare(self, label: str, outputs: dict[str, Any], seed: int) -> CheckReport:
+        inputs = _cpu_inputs(seed)
+        reference = {"C": inputs["A"].float() @ inputs["B"].float().T}
+        copies = {name: tensor.clone() for name, tensor in outputs.items()}
+        return check_outputs(SMALL_GEMM, label, "small", SMALL.axes, copies, reference)
+
+
+def _serve_on_the_cpu(conn: Connection) -> None:
+    """A worker's part after its start-up (``worker_main``): the job, the arena, the service,
+    and the error message for an exception; the worker's own timer, without CUPTI."""
+    import torch
+
+    from ptxgym.evaluate import worker
+    from ptxgym.evaluate.timing import Timer
+
+    job, _ = channel.receive(conn)
+    arena = channel.Arena.attach(conn, int(job["arena_bytes"]))
+    timer = Timer.__new__(Timer)  # its device part stood in for: no flush, no CUPTI
+    timer.torch, timer.cupti, timer._phases = torch, None, {}
+    timer._reset_l2 = lambda: True  # type: ignore[method-assign]
+    try:
+        worker._serve(conn, job, timer, arena)
+    except Exception as exc:
+        channel.send(conn, {"kind": "error", "message": worker.error_text(exc)})
+    finally:
+        arena.close()
+        conn.close()
+
+
+@pytest.fixture
+def cpu_worker(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The worker's GPU stood in for: CPU inputs from the seeds, CPU outputs, the candidate's
+    library by ``_CpuEntry``, and CUDA's streams and synchronisations by nothing."""
+    import contextlib
+    from types import SimpleNamespace
+
+    import torch
+
+    from ptxgym.evaluate import worker
+
+    def outputs(task: Task, axes: dict[str, int]) -> dict[str, Any]:
+        buffers = {"C": torch.empty(axes["M"], axes["N"], dtype=torch.bfloat16)}
+        worker.poison(buffers)
+        return buffers
+
+    monkeypatch.setattr(worker, "Entry", _CpuEntry)
+    monkeypatch.setattr(worker, "make_inputs", lambda task, load, seed, outliers: _cpu_inputs(seed))
+    monkeypatch.setattr(worker, "allocate_outputs", outputs)
+    monkeypatch.setattr(torch.cuda, "Stream", lambda: SimpleNamespace(cuda_stream=0))
+    monkeypatch.setattr(torch.cuda, "stream", lambda stream: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+
+
+def _evaluate_on_the_cpu() -> Verdict:
+    """The worker's real service in a thread, against the judge's real conversation."""
+    import threading
+
+    state = _WorkloadState(
+        SMALL,
+        [_Stage(f"trial{i}", 10 + i, False) for i in range(3)] + [_Stage("outliers", 20, True)],
+        baseline_ms=1.0,
+        baseline_method="cupti",
+    )
+    plans = {"small": _TimingPlan(seed=1000, checked=frozenset({3, 9, 16}))}
+    judge_end, worker_end = multiprocessing.Pipe()
+    job = _worker_job(SMALL_GEMM, "candidate.so", [state], plans, SHORT)
+    arena = channel.Arena.create(_output_bytes(SMALL_GEMM, SMALL))
+    job["arena_bytes"] = arena.size
+    thread = threading.Thread(target=_serve_on_the_cpu, args=(worker_end,), daemon=True)
+    thread.start()
+    try:
+        channel.send(judge_end, job)
+        arena.share(judge_end, os.getpid())
+        checks = _CpuChecks([state], plans)
+        return Conversation(
+            SMALL_GEMM, [state], plans, SHORT, checks, judge_end, arena, {}, lambda: "ended"
+        ).run()
+    finally:
+        judge_end.close()
+        thread.join(timeout=30)
+        arena.close()
+
+
+@pytest.mark.usefixtures("cpu_worker")
+def test_the_workers_conversation_is_the_one_the_judge_expects() -> None:
+    verdict = _evaluate_on_the_cpu()
+    assert verdict.status is Status.PASSED, verdict.message
+    assert [check.stage for check in verdict.checks][4:] == [
+        "timed call 3",
+        "timed call 9",
+        "timed call 16",
+    ]
+    (timing,) = verdict.timings
+    assert timing.method == "host-sync" and timing.latency_ms > 0
+
+
+@pytest.mark.usefixtures("cpu_worker")
+def test_an_entry_point_failing_while_timed_is_a_runtime_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The 4 correctness calls, 2 warm-up calls, then the failing one: timed call 2.
+    monkeypatch.setattr(_CpuEntry, "failing_call", 7)
+    verdict = _evaluate_on_the_cpu()
+    assert verdict.status is Status.RUNTIME_ERROR
+    assert verdict.message.startswith("the entry point returned 700 (")
+    assert verdict.message.endswith(") while being timed")
+
+
+def test_an_out_of_memory_error_passes_on_only_the_size_asked_for() -> None:
+    from ptxgym.evaluate.worker import error_text
+
+    # torch's text, as on a shared GPU: every other process, with its PID and memory use.
+    class OutOfMemoryError(RuntimeError):
+        pass
+
+    text = (
+        "CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 139.81 GiB "
+        "of which 1.06 GiB is free. Process 4242 has 70.12 GiB memory in use. Process 4343 has "
+        "64.00 GiB memory in use. Of the allocated memory 68.00 GiB is allocated by PyTorch."
+    )
+    message = error_text(OutOfMemoryError(text))
+    assert message == "OutOfMemoryError: the GPU ran out of memory (tried to allocate 2.00 GiB)"
+    assert error_text(ValueError("bad\nsecond line")) == "ValueError: bad"
