@@ -108,12 +108,18 @@ def _parser() -> argparse.ArgumentParser:
                 help="also run compute-sanitizer racecheck (shared-memory races)",
             )
             command.add_argument(
-                "--no-profile", action="store_true", help="skip the Nsight Compute profile"
+                "--no-profile", action="store_true", help="skip the instruction profile"
             )
             command.add_argument(
                 "--profile-details",
                 action="store_true",
-                help="the profile also measures throughput and occupancy (slower)",
+                help="the profile also measures throughput and occupancy (slower; ncu only)",
+            )
+            command.add_argument(
+                "--profile-method",
+                choices=("ncu", "cupti"),
+                default="ncu",
+                help="count executed instructions with Nsight Compute or CUPTI's SASS metrics",
             )
 
     baseline = commands.add_parser(
@@ -275,6 +281,7 @@ def _eval(args: argparse.Namespace) -> int:
         racecheck=args.racecheck,
         profile=not args.no_profile,
         profile_details=args.profile_details,
+        profile_method=args.profile_method,
     )
     try:
         return _report_candidate(args, LocalGPUEvaluator(settings=settings), success=Status.PASSED)

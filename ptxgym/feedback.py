@@ -143,8 +143,8 @@ def _qualification(outcome: Outcome, task: Task) -> list[str]:
     in_sass = sass.families_present if sass is not None and sass.error is None else {}
     lines = [
         "",
-        "Target instructions (Nsight Compute: executed, predicated-on threads / warps"
-        f"{_covered(outcome)}):",
+        f"Target instructions ({_COUNTED_BY.get(profile.method, profile.method)}: executed, "
+        f"predicated-on threads / warps{_covered(outcome)}):",
     ]
     for key, family in task.target.instruction_families.items():
         patterns = [pattern for group in family.all_of for pattern in group]
@@ -165,6 +165,9 @@ def _qualification(outcome: Outcome, task: Task) -> list[str]:
     else:
         lines.append(f"Qualified: no; a correct kernel qualifies by executing {names}.")
     return lines + _profiler_facts(profile.kernels)
+
+
+_COUNTED_BY = {"ncu": "Nsight Compute", "cupti": "CUPTI SASS metrics"}
 
 
 def _profiler_facts(kernels: tuple[KernelFacts, ...]) -> list[str]:

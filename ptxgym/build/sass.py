@@ -44,6 +44,9 @@ _FUNCTION_RE = re.compile(r"^\s*Function : (\S+)")
 # The address field, an optional predicate guard (@P0, @!UP0, @PT), then the mnemonic; the
 # encoding-only continuation lines ("/* 0x... */") have no address field and never match.
 _INSTRUCTION_RE = re.compile(r"^\s*/\*[0-9a-f]+\*/\s+(?:@!?\w+\s+)?([A-Z][A-Z0-9_]*)")
+# The same, keeping the offset and the instruction's text (up to the ';').
+_ADDRESSED_RE = re.compile(r"^\s*/\*([0-9a-f]+)\*/\s+((?:@!?\w+\s+)?([A-Z][A-Z0-9_]*)[^;]*)")
+_INSTRUCTION_BYTES = 16
 
 
 @dataclass(frozen=True)
@@ -72,12 +75,71 @@ class SassInventory:
 
 def inventory(library: Path, task: Task) -> SassInventory:
     """The SASS inventory of ``library`` for ``task``'s target; never raises."""
+    described, listing, error = _dump(library)
+    if listing is None:
+        return SassInventory(described, (), {}, error)
+    kernels = parse_sass(listing, task.target.arch)
+    totals: Counter[str] = Counter()
+    for kernel in kernels:
+        totals.update(kernel.opcodes)
+    present: dict[str, bool] = {
+        key: family_present(totals, family)
+        for key, family in task.target.instruction_families.items()
+    }
+    return SassInventory(described, kernels, present)
+
+
+@dataclass(frozen=True)
+class FunctionListing:
+    """Where a function's target instructions are: its size in bytes (every instruction is 16
+    bytes at an offset that is a multiple of 16 below it), and the offset and text of each
+    instruction whose opcode belongs to one of the task's target families."""
+
+    size: int
+    targets: dict[int, str]
+
+
+def target_addresses(library: Path, task: Task) -> dict[str, FunctionListing]:
+    """Per function of ``library`` (by its symbol, as CUDA names it), the listing executed
+    counts per instruction address are joined with. Raises ``RuntimeError`` when the library
+    cannot be disassembled."""
+    described, listing, error = _dump(library)
+    if listing is None:
+        raise RuntimeError(f"{described}: {error}")
+    patterns = tuple(
+        pattern
+        for family in task.target.instruction_families.values()
+        for group in family.all_of
+        for pattern in group
+    )
+    sizes: dict[str, int] = {}
+    targets: dict[str, dict[int, str]] = {}
+    current: str | None = None
+    in_arch = False
+    for line in listing.splitlines():
+        if match := _ARCH_RE.match(line):
+            in_arch = match.group(1) == task.target.arch
+            current = None
+        elif match := _FUNCTION_RE.match(line):
+            current = match.group(1) if in_arch else None
+            if current is not None:
+                sizes[current], targets[current] = 0, {}
+        elif current is not None and (match := _ADDRESSED_RE.match(line)):
+            offset, text, opcode = int(match.group(1), 16), match.group(2), match.group(3)
+            sizes[current] = offset + _INSTRUCTION_BYTES
+            if any(fnmatchcase(opcode, pattern) for pattern in patterns):
+                targets[current][offset] = " ".join(text.split())
+    return {name: FunctionListing(sizes[name], targets[name]) for name in sizes}
+
+
+def _dump(library: Path) -> tuple[str, str | None, str]:
+    """cuobjdump's name and version, and its SASS listing of ``library`` (None, with why, when
+    there is none)."""
     tool = find_cuobjdump()
     if tool is None:
-        return SassInventory(
+        return (
             "cuobjdump",
-            (),
-            {},
+            None,
             "cuobjdump was not found (install the CUDA toolkit or nvidia-cuda-cuobjdump)",
         )
     described = f"{tool} ({_version(tool)})"
@@ -97,23 +159,15 @@ def inventory(library: Path, task: Task) -> SassInventory:
             stdin=subprocess.DEVNULL,
         )
     except subprocess.TimeoutExpired:
-        return SassInventory(described, (), {}, f"cuobjdump timed out after {TIMEOUT_S:.0f} s")
+        return described, None, f"cuobjdump timed out after {TIMEOUT_S:.0f} s"
     except OSError as exc:
-        return SassInventory(described, (), {}, f"cuobjdump could not run: {exc.strerror}")
+        return described, None, f"cuobjdump could not run: {exc.strerror}"
     if out.returncode != 0:
         lines = [line for line in (out.stderr or out.stdout).splitlines() if line.strip()]
         detail = lines[-1].replace(str(library), library.name) if lines else "no output"
         message = f"cuobjdump failed with exit code {out.returncode}: {detail}"
-        return SassInventory(described, (), {}, message[:_MAX_ERROR_CHARS])
-    kernels = parse_sass(out.stdout, task.target.arch)
-    totals: Counter[str] = Counter()
-    for kernel in kernels:
-        totals.update(kernel.opcodes)
-    present: dict[str, bool] = {
-        key: family_present(totals, family)
-        for key, family in task.target.instruction_families.items()
-    }
-    return SassInventory(described, kernels, present)
+        return described, None, message[:_MAX_ERROR_CHARS]
+    return described, out.stdout, ""
 
 
 def parse_sass(listing: str, arch: str) -> tuple[KernelSass, ...]:

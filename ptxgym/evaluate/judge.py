@@ -37,9 +37,9 @@ from ptxgym.evaluate import worker_protocol as protocol
 from ptxgym.evaluate.baselines import baseline_key, cached_baseline, store_baseline
 from ptxgym.evaluate.correctness import CheckReport, check_outputs
 from ptxgym.evaluate.profile import DEFAULT_TIMEOUT_S as DEFAULT_PROFILE_TIMEOUT_S
-from ptxgym.evaluate.profile import InstructionProfile, PendingProfile
+from ptxgym.evaluate.profile import InstructionProfile
 from ptxgym.evaluate.sanitizer import DEFAULT_TIMEOUT_S as DEFAULT_SANITIZER_TIMEOUT_S
-from ptxgym.evaluate.sanitizer import SanitizerReport
+from ptxgym.evaluate.sanitizer import PendingSanitizer, SanitizerReport
 from ptxgym.evaluate.single_call import CallJob
 from ptxgym.evaluate.timing import (
     HOST_ALLOWANCE_MS,
@@ -51,7 +51,7 @@ from ptxgym.evaluate.timing import (
     Timer,
     WorkloadTiming,
 )
-from ptxgym.evaluate.tool_runs import PendingRun, ToolKind, ToolRuns
+from ptxgym.evaluate.tool_runs import PendingRun, ProfileMethod, ToolKind, ToolRuns
 from ptxgym.evaluate.worker import (
     WORKER_IMPORTS,
     host_bytes,
@@ -146,6 +146,10 @@ class JudgeSettings:
     racecheck: bool = False
     sanitizer_timeout_s: float = DEFAULT_SANITIZER_TIMEOUT_S
     profile: bool = True
+    # What counts the executed instructions: Nsight Compute's instrumented run ("ncu"), or
+    # CUPTI's SASS metrics in a run of ours ("cupti": no profiler set-up per run, counts of the
+    # target opcodes only, no kernel facts; ptxgym.evaluate.count).
+    profile_method: ProfileMethod = "ncu"
     profile_timeout_s: float = DEFAULT_PROFILE_TIMEOUT_S
     # The profile also collects each kernel's throughput against the GPU's peaks and its occupancy
     # (ptxgym.evaluate.profile.DETAIL_METRICS) for the feedback: hardware counter passes that hold
@@ -367,6 +371,7 @@ class Judge:
             settings.spare_profile_runs,
             profile_details=settings.profile_details,
             lock_startups=settings.lock_startups,
+            profile_method=settings.profile_method,
         )
         self.tool_runs.top_up(0)
 
@@ -607,14 +612,14 @@ class Judge:
         """Give one tool run the job and the word; never raises (a failure is an unknown
         result)."""
         try:
-            if isinstance(run, PendingProfile):
-                return run.finish(job, self.settings.profile_timeout_s)
-            return run.finish(job, self.settings.sanitizer_timeout_s)
+            if isinstance(run, PendingSanitizer):
+                return run.finish(job, self.settings.sanitizer_timeout_s)
+            return run.finish(job, self.settings.profile_timeout_s)
         except Exception as exc:
             reason = f"{type(exc).__name__}: {exc}"
-            if isinstance(run, PendingProfile):
-                return InstructionProfile(False, reason)
-            return SanitizerReport(run.tool, False, reason=reason)
+            if isinstance(run, PendingSanitizer):
+                return SanitizerReport(run.tool, False, reason=reason)
+            return InstructionProfile(False, reason, method=self.settings.profile_method)
 
     def _tools(self, status: Status) -> list[ToolKind]:
         """The tool runs this verdict calls for: memcheck for a candidate that ran or crashed

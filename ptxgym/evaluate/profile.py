@@ -103,6 +103,9 @@ class InstructionProfile:
 
     ok: bool
     reason: str = ""  # why the profile is unknown, when it is
+    # What counted: "ncu" (Nsight Compute's instrumented run) or "cupti" (CUPTI's SASS metrics
+    # in a run of ours, ptxgym.evaluate.count).
+    method: str = "ncu"
     thread_counts: dict[str, int] = field(default_factory=dict)
     warp_counts: dict[str, int] = field(default_factory=dict)
     kernels: tuple[KernelFacts, ...] = ()
@@ -251,14 +254,14 @@ class PendingProfile:
             return unknown("no kernel launch of the candidate was profiled")
         return InstructionProfile(
             True,
-            "",
-            thread_counts,
-            warp_counts,
-            kernels,
-            families_executed(job.task, thread_counts),
-            time.perf_counter() - started,
-            read_seconds,
-            profiled_call,
+            method="ncu",
+            thread_counts=thread_counts,
+            warp_counts=warp_counts,
+            kernels=kernels,
+            families=families_executed(job.task, thread_counts),
+            seconds=time.perf_counter() - started,
+            read_seconds=read_seconds,
+            call_seconds=profiled_call,
         )
 
     def cancel(self) -> None:

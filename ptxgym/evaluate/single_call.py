@@ -46,6 +46,7 @@ from ptxgym.device.lock import (
     profiler_turn,
     startup_hold,
 )
+from ptxgym.evaluate.cupti_helper import THREAD_METRIC, WARP_METRIC, SassCounter
 from ptxgym.evaluate.timing import seconds_into
 from ptxgym.sandbox.isolation import (
     hand_library,
@@ -78,8 +79,12 @@ CALL_SECONDS_KEYS = (
     "inputs",
     "load",
     "call",
+    "count",
     "gpu",
 )
+# Where a count run writes its counts, in its own folder: one row per instruction counted,
+# [function symbol, offset, warp-level executions, threads with the predicate on].
+COUNTS_FILE = "counts.json"
 _CU_STREAM_NON_BLOCKING = 1
 # The worker's poison for outputs (NaN; -0x7EADBEEF for integers) as the bit pattern a memset
 # writes: element bytes and pattern, per dtype.
@@ -119,11 +124,19 @@ class PendingCall:
     ``run`` hands it a job and the word; ``cancel`` drops it."""
 
     def __init__(
-        self, *, device: int, prefix: str, under_profiler: bool = False, lock_startup: bool = True
+        self,
+        *,
+        device: int,
+        prefix: str,
+        under_profiler: bool = False,
+        lock_startup: bool = True,
+        counter: Path | None = None,
     ) -> None:
         """``under_profiler``: a run under Nsight Compute, which profiles its call only in its
         turn (``ptxgym.device.lock.profiler_turn``). ``lock_startup``: it makes its CUDA context
-        holding the GPU shared (``ptxgym.evaluate.judge.JudgeSettings.lock_startups``)."""
+        holding the GPU shared (``ptxgym.evaluate.judge.JudgeSettings.lock_startups``).
+        ``counter``: the CUPTI helper (``ptxgym.evaluate.cupti_helper``), with which the run
+        counts the executed SASS instructions of its call into ``COUNTS_FILE``."""
         self.folder = Path(tempfile.mkdtemp(prefix=prefix))
         self.device = device
         self._go = self.folder / "go"
@@ -143,6 +156,10 @@ class PendingCall:
             # A run under Nsight Compute takes turns with the machine's other profile runs to
             # profile (None: under another tool).
             "profiler_lock": profiler_lock,
+            # A copy of the CUPTI helper in the run's folder, the only one of ours it may read.
+            "counter": hand_library(str(counter), self.folder, "sass_counts.so")
+            if counter
+            else None,
         }
         spec_path = self.folder / "spec.json"
         spec_path.write_text(json.dumps(spec))
@@ -230,8 +247,13 @@ def run_job(spec_path: str) -> int:
     with seconds_into(seconds, "driver"):  # outside the lock: loading it puts nothing on the GPU
         initialize_driver()
     startup_lock = Path(spec["startup_lock"]) if spec["startup_lock"] else None
+    counter = None
     with seconds_into(seconds, "context"), startup_hold(startup_lock):
         cuda = DriverContext()  # the run sees only its GPU (CUDA_VISIBLE_DEVICES)
+        if spec["counter"]:
+            # CUPTI's set-up (about 0.1 s) ahead of need too, before any candidate code.
+            counter = SassCounter(Path(spec["counter"]))
+            counter.prepare(device=0)
     # The tools talk to this process over sockets, so those stay; the rest of the filter holds.
     seal(network=True)
     # Writes only in this call's folder, reads only of it, the system's, Python's and CUDA's
@@ -267,9 +289,19 @@ def run_job(spec_path: str) -> int:
             stream = cuda.stream()
             cuda.synchronize()
         with seconds_into(seconds, "load"):
+            if counter is not None:
+                counter.enable()  # each kernel is patched when it first runs, from here on
             entry = Entry(job["library"], task)
         with seconds_into(seconds, "call"):
             code = profiled(cuda, lambda: entry(inputs, outputs, axes, stream))
+        if counter is not None:
+            with seconds_into(seconds, "count"):
+                records = counter.collect()
+                counter.disable()
+            rows = [
+                [r.function, r.pc, r.values[WARP_METRIC], r.values[THREAD_METRIC]] for r in records
+            ]
+            Path(COUNTS_FILE).write_text(json.dumps(rows))
     seconds["gpu_wait"] = waited
     seconds["gpu"] = time.perf_counter() - started - waited
     # Last, after anything the candidate printed: the judge reads the last such line.

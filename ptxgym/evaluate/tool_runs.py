@@ -18,11 +18,13 @@ import threading
 from collections.abc import Iterable
 from typing import Literal
 
+from ptxgym.evaluate.count import PendingCount
 from ptxgym.evaluate.profile import PendingProfile, profile_metrics
 from ptxgym.evaluate.sanitizer import PendingSanitizer
 
 ToolKind = Literal["memcheck", "racecheck", "profile"]
-PendingRun = PendingSanitizer | PendingProfile
+ProfileMethod = Literal["ncu", "cupti"]
+PendingRun = PendingSanitizer | PendingProfile | PendingCount
 
 
 class ToolRuns:
@@ -36,11 +38,15 @@ class ToolRuns:
         spare_profiles: int,
         profile_details: bool = False,
         lock_startups: bool = True,
+        profile_method: ProfileMethod = "ncu",
     ) -> None:
         """``spare``: sanitizer runs kept waiting beyond one per evaluation in flight.
         ``spare_profiles``: profile runs kept waiting, whatever the evaluations in flight.
         ``profile_details``: profiles also collect ``ptxgym.evaluate.profile.DETAIL_METRICS``.
-        ``lock_startups``: runs make their CUDA contexts holding the GPU shared."""
+        ``lock_startups``: runs make their CUDA contexts holding the GPU shared.
+        ``profile_method``: what the profile runs count with, Nsight Compute (``ncu``) or
+        CUPTI's SASS metrics (``cupti``, ``ptxgym.evaluate.count``)."""
+        self.profile_method = profile_method
         self.device = device
         self.spare = spare
         self.spare_profiles = spare_profiles
@@ -92,6 +98,8 @@ class ToolRuns:
             run.cancel()
 
     def _start(self, kind: ToolKind) -> PendingRun:
+        if kind == "profile" and self.profile_method == "cupti":
+            return PendingCount(device=self.device, lock_startup=self.lock_startups)
         if kind == "profile":
             return PendingProfile(
                 device=self.device, metrics=self.profile_metrics, lock_startup=self.lock_startups

@@ -111,6 +111,7 @@ def _profile_to_json(profile: InstructionProfile) -> dict[str, Any]:
     return {
         "ok": bool(profile.ok),
         "reason": str(profile.reason),
+        "method": str(profile.method),
         "thread_counts": {str(k): int(v) for k, v in profile.thread_counts.items()},
         "warp_counts": {str(k): int(v) for k, v in profile.warp_counts.items()},
         "kernels": [_kernel_facts_to_json(kernel) for kernel in profile.kernels],
@@ -231,6 +232,7 @@ def _profile_from_json(data: object, where: str) -> InstructionProfile:
     return InstructionProfile(
         ok=fields.flag("ok"),
         reason=fields.text("reason"),
+        method=fields.text("method"),
         thread_counts=fields.mapping("thread_counts", _count),
         warp_counts=fields.mapping("warp_counts", _count),
         kernels=fields.sequence("kernels", _kernel_facts_from_json),
@@ -294,6 +296,7 @@ _SANITIZER_FIELDS = ("tool", "ok", "errors", "findings", "reason", "seconds", "c
 _PROFILE_FIELDS = (
     "ok",
     "reason",
+    "method",
     "thread_counts",
     "warp_counts",
     "kernels",

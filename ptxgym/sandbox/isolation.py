@@ -238,11 +238,11 @@ def readable_paths() -> list[Path]:
     return [path for path in dict.fromkeys(found) if path != Path("/")]
 
 
-def hand_library(library: str, folder: Path) -> str:
-    """A copy of the candidate's library in a confined process's own ``folder``, the only
-    folder of ptxgym's it may read: the cache the library was built into holds other
-    candidates' sources and libraries, the baselines and the judge's key."""
-    copy = folder / "candidate.so"
+def hand_library(library: str, folder: Path, name: str = "candidate.so") -> str:
+    """A copy of a library (the candidate's, or a helper of ours) in a confined process's own
+    ``folder``, the only folder of ptxgym's it may read: the cache the library was built into
+    holds other candidates' sources and libraries, the baselines and the judge's key."""
+    copy = folder / name
     shutil.copyfile(library, copy)
     return str(copy)
 

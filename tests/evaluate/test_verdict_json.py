@@ -189,6 +189,7 @@ class _Random:
         return InstructionProfile(
             self.flag(),
             self.text(),
+            self.text(),
             self.mapping(self.count),
             self.mapping(self.count),
             self.several(

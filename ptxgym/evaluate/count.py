@@ -1,0 +1,183 @@
+"""Which instructions really executed, counted by CUPTI's SASS metrics in a run of ours.
+
+The alternative to the Nsight Compute profile (``ptxgym.evaluate.profile``), without its
+per-process set-up: a single-call run (``ptxgym.evaluate.single_call``) started ahead of need
+loads the CUPTI helper (``ptxgym.evaluate.cupti_helper``) before any candidate code, counts the
+candidate's one call per instruction address, and writes the counts into its folder. The judge
+joins them with the library's SASS listing, which it makes itself (``ptxgym.build.sass``): the
+offset of each instruction of the target families gives its opcode, and so the executed count of
+each target opcode, warp-level and predicated-on threads.
+
+The counts are written by the candidate's own process, so the candidate could forge them (its
+host code runs there). What the judge checks (``counts_profile``): every row must name an
+instruction of the library (a function of its listing, an offset inside the function on an
+instruction boundary), and no instruction may claim more predicated-on threads than 32 per
+warp-level execution. A forged count that passes these names a real target instruction with
+plausible counts: docs/security.md states this residual risk, and Nsight Compute, whose report
+the candidate cannot write, stays available as the cross-check (``JudgeSettings.profile_method``).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ptxgym.build.sass import FunctionListing, demangle, target_addresses
+from ptxgym.evaluate.cupti_helper import HelperUnavailable, build_helper
+from ptxgym.evaluate.profile import DEFAULT_TIMEOUT_S, InstructionProfile, families_executed
+from ptxgym.evaluate.single_call import COUNTS_FILE, CallJob, PendingCall, call_seconds
+from ptxgym.tasks import Task
+
+if TYPE_CHECKING:
+    import numpy
+    from numpy.typing import NDArray
+
+_INSTRUCTION_BYTES = 16
+_THREADS_PER_WARP = 32
+_MAX_COUNTS_BYTES = 16 << 20
+_TAIL_CHARS = 1500
+
+
+class CountsRefused(ValueError):
+    """The counts do not fit the library's SASS: forged, or corrupted."""
+
+
+def counts_profile(
+    task: Task, listing: Mapping[str, FunctionListing], rows: Sequence[object]
+) -> InstructionProfile:
+    """The executed target opcodes of ``rows`` (``[function, offset, warp, threads]`` each, as a
+    count run writes them) joined with ``listing``. Raises ``CountsRefused`` for rows that do not
+    fit the listing. Rows of functions the listing does not hold (kernels of other modules) are
+    left out."""
+    thread_counts: Counter[str] = Counter()
+    warp_counts: Counter[str] = Counter()
+    # CUPTI may name a function as compiled (mangled) or as written: both find its listing.
+    named = {**{alias: listing[name] for name, alias in demangle(list(listing)).items()}, **listing}
+    matched = 0
+    for row in rows:
+        if not (
+            isinstance(row, list)
+            and len(row) == 4
+            and isinstance(row[0], str)
+            and all(isinstance(value, int) and value >= 0 for value in row[1:])
+        ):
+            raise CountsRefused(f"a row of counts is malformed: {str(row)[:120]}")
+        function, offset, warps, threads = row
+        if function not in named:
+            continue
+        matched += 1
+        where = named[function]
+        if offset % _INSTRUCTION_BYTES or offset >= where.size:
+            raise CountsRefused(f"a count names no instruction of {function} (offset {offset:#x})")
+        if threads > _THREADS_PER_WARP * warps:
+            raise CountsRefused(
+                f"a count claims {threads} threads for {warps} warp-level executions "
+                f"({function}, offset {offset:#x})"
+            )
+        if (text := where.targets.get(offset)) is not None:
+            words = text.split()  # a predicate guard (@P0, @!UP1) before the opcode
+            mnemonic = words[1 if words[0].startswith("@") else 0].split(".")[0]
+            thread_counts[mnemonic] += threads
+            warp_counts[mnemonic] += warps
+    if rows and not matched:
+        # Not "nothing executed": the counts and the listing do not speak of the same code.
+        names = sorted({str(row[0]) for row in rows if isinstance(row, list) and row})[:3]
+        raise CountsRefused(f"no counted function is in the library's listing ({names})")
+    return InstructionProfile(
+        True,
+        method="cupti",
+        thread_counts=dict(thread_counts),
+        warp_counts=dict(warp_counts),
+        families=families_executed(task, thread_counts),
+    )
+
+
+class PendingCount:
+    """A count run started ahead of need: ``finish`` hands it one call's job and joins its
+    counts with the library's listing; ``cancel`` drops it. Interchangeable with
+    ``ptxgym.evaluate.profile.PendingProfile`` for the judge's tool runs."""
+
+    def __init__(self, *, device: int, lock_startup: bool = True) -> None:
+        self.failure: str | None = None
+        self.call: PendingCall | None = None
+        try:
+            helper = build_helper()
+        except HelperUnavailable as exc:
+            self.failure = str(exc)
+            return
+        self.call = PendingCall(
+            device=device, prefix="ptxgym-count-", lock_startup=lock_startup, counter=helper
+        )
+        self.call.start(self.call.program)
+
+    def finish(self, job: CallJob, timeout_s: float = DEFAULT_TIMEOUT_S) -> InstructionProfile:
+        """Run ``job``'s call counted and join the counts; never raises for the candidate's or
+        CUPTI's failures (they give an unknown profile)."""
+        started = time.perf_counter()
+
+        def unknown(reason: str) -> InstructionProfile:
+            return InstructionProfile(
+                False, reason, method="cupti", seconds=time.perf_counter() - started
+            )
+
+        if self.failure is not None or self.call is None:
+            return unknown(self.failure or "the count was not started")
+        try:
+            code, output = self.call.run(job, timeout_s)
+            if code is None:
+                return unknown(f"the counted run did not finish within {timeout_s:.0f} s")
+            counts = self.call.folder / COUNTS_FILE
+            if code != 0 or not counts.is_file():
+                tail = output[-_TAIL_CHARS:]
+                return unknown(f"the counted run failed (exit code {code}): {tail}")
+            if counts.stat().st_size > _MAX_COUNTS_BYTES:
+                return unknown("the counted run wrote more counts than any library has")
+            raw = counts.read_text(errors="replace")
+        finally:
+            self.close()
+        try:
+            rows = json.loads(raw)
+            if not isinstance(rows, list):
+                raise CountsRefused("the counts are not a list of rows")
+            listing = target_addresses(Path(job.library), job.task)
+            profile = counts_profile(job.task, listing, rows)
+        except (ValueError, CountsRefused) as exc:  # json's errors are ValueErrors too
+            return unknown(f"the counts were refused: {exc}")
+        except RuntimeError as exc:
+            return unknown(f"the library's SASS could not be listed: {exc}")
+        return InstructionProfile(
+            True,
+            method="cupti",
+            thread_counts=profile.thread_counts,
+            warp_counts=profile.warp_counts,
+            families=profile.families,
+            seconds=time.perf_counter() - started,
+            call_seconds=call_seconds(output),
+        )
+
+    def cancel(self) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """End the run if it still waits or runs, and remove its folder."""
+        if self.call is not None:
+            self.call.close()
+
+
+def count_candidate(
+    task: Task,
+    library: str,
+    workload: Mapping[str, Any],
+    inputs: Mapping[str, NDArray[numpy.uint8]],
+    *,
+    device: int,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+) -> InstructionProfile:
+    """Count one call of the candidate on ``workload`` (axes and sequences) with ``inputs``
+    (made by ``ptxgym.evaluate.worker.host_inputs``), as ``profile_candidate`` profiles it."""
+    job = CallJob(task, library, workload, inputs)
+    return PendingCount(device=device).finish(job, timeout_s)

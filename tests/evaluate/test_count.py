@@ -1,0 +1,133 @@
+"""Counts from CUPTI's SASS metrics joined with the library's listing (``ptxgym.evaluate.count``),
+on CPU: the helper builds and loads, the join gives the executed target opcodes, and counts that
+do not fit the listing are refused. tests/gpu/test_gpu_count.py counts on the GPU."""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+from pathlib import Path
+
+import numpy
+import pytest
+
+from ptxgym import paths
+from ptxgym.build.sass import FunctionListing, target_addresses
+from ptxgym.evaluate import cupti_helper
+from ptxgym.evaluate.count import CountsRefused, PendingCount, counts_profile
+from ptxgym.evaluate.single_call import CallJob
+from ptxgym.languages.cuda.compiler import compile_source
+from ptxgym.tasks import get_task
+
+GEMM = get_task("PTX-H100-GEMM")
+EXPERT_GEMM = (paths.examples_dir() / "expert" / "gemm.cu").read_text()
+pytestmark = pytest.mark.nvcc
+
+
+@functools.cache
+def _expert_listing() -> tuple[str, dict[str, FunctionListing]]:
+    build = compile_source(EXPERT_GEMM, GEMM)
+    assert build.ok and build.library is not None, build.log
+    return build.library, target_addresses(Path(build.library), GEMM)
+
+
+def _kernel() -> tuple[str, FunctionListing]:
+    (name, listing), *others = _expert_listing()[1].items()
+    assert not others
+    return name, listing
+
+
+def _offset(listing: FunctionListing, opcode: str) -> int:
+    return next(offset for offset, text in listing.targets.items() if text.startswith(opcode))
+
+
+def test_the_listing_holds_the_target_instructions_with_their_offsets() -> None:
+    name, listing = _kernel()
+    assert "gemm_ws_kernel" in name  # the symbol as compiled (mangled)
+    assert any(text.startswith("HGMMA.64x256x16") for text in listing.targets.values())
+    assert any(text.startswith("UTMALDG") for text in listing.targets.values())
+    assert all(offset % 16 == 0 and offset < listing.size for offset in listing.targets)
+
+
+def test_counts_at_target_offsets_give_the_executed_opcodes() -> None:
+    name, listing = _kernel()
+    hgmma, tma = _offset(listing, "HGMMA"), _offset(listing, "UTMALDG")
+    rows = [[name, hgmma, 8, 256], [name, tma, 2, 2], [name, 0, 100, 3200]]
+    profile = counts_profile(GEMM, {name: listing}, rows)
+    assert profile.ok and profile.method == "cupti"
+    assert profile.warp_counts == {"HGMMA": 8, "UTMALDG": 2}  # offset 0 is no target
+    assert profile.thread_counts == {"HGMMA": 256, "UTMALDG": 2}
+    assert profile.families == {"compute": True, "data_movement": True}
+    assert profile.qualified is True
+
+
+def test_target_instructions_that_never_ran_do_not_qualify() -> None:
+    name, listing = _kernel()
+    rows = [[name, offset, 0, 0] for offset in listing.targets] + [[name, 16, 4, 128]]
+    profile = counts_profile(GEMM, {name: listing}, rows)
+    assert profile.qualified is False
+    assert profile.thread_counts == {"HGMMA": 0, "UTMALDG": 0}
+
+
+def test_predicated_off_threads_do_not_count_as_executed() -> None:
+    name, listing = _kernel()
+    rows = [[name, _offset(listing, "HGMMA"), 4, 0]]  # issued, every thread's predicate off
+    assert counts_profile(GEMM, {name: listing}, rows).families["compute"] is False
+
+
+def test_a_function_named_as_written_finds_its_listing() -> None:
+    name, listing = _kernel()
+    demangled = "(anonymous namespace)::gemm_ws_kernel(CUtensorMap_st, CUtensorMap_st, "
+    rows = [[demangled + "__nv_bfloat16*, int, int)", _offset(listing, "HGMMA"), 4, 128]]
+    assert counts_profile(GEMM, {name: listing}, rows).families["compute"] is True
+
+
+@pytest.mark.parametrize(
+    ("row", "why"),
+    [
+        (["K", 8, 1, 1], "offset 0x8"),  # not on an instruction boundary
+        (["K", 1 << 20, 1, 1], "offset 0x100000"),  # beyond the function
+        (["K", "HGMMA", 1, 1], "malformed"),  # an offset that is no number
+        (["K", 16, -1, 0], "malformed"),  # a negative count
+        (["K", 16, 1], "malformed"),  # a missing field
+        (["K", 16, 1, 33], "33 threads for 1 warp-level"),  # more threads than a warp has
+    ],
+)
+def test_counts_that_do_not_fit_the_listing_are_refused(row: list[object], why: str) -> None:
+    name, listing = _kernel()
+    row = [name if field == "K" else field for field in row]
+    with pytest.raises(CountsRefused, match=why):
+        counts_profile(GEMM, {name: listing}, [row])
+
+
+def test_counts_of_functions_the_library_lacks_are_refused_not_taken_as_none_executed() -> None:
+    name, listing = _kernel()
+    with pytest.raises(CountsRefused, match="no counted function"):
+        counts_profile(GEMM, {name: listing}, [["some_other_kernel", 0, 1, 32]])
+    # Kernels of other modules beside the candidate's are left out.
+    rows = [["some_other_kernel", 0, 1, 32], [name, _offset(listing, "HGMMA"), 4, 128]]
+    assert counts_profile(GEMM, {name: listing}, rows).qualified is True
+
+
+def test_the_helper_builds_once_and_exports_its_functions() -> None:
+    if cupti_helper.find_cupti() is None:
+        pytest.skip("no libcupti here")
+    helper = cupti_helper.build_helper()
+    assert helper == cupti_helper.build_helper() and helper.is_file()
+    library = ctypes.CDLL(str(helper))
+    for function in ("prepare", "enable", "collect", "record_count", "record", "disable"):
+        assert hasattr(library, f"ptxgym_sass_{function}")
+
+
+def test_a_count_that_cannot_run_is_unknown_and_says_why() -> None:
+    """Without a GPU (here) or without CUPTI, the count run fails; the profile is unknown."""
+    library, _ = _expert_listing()
+    workload = {"axes": {"M": 128, "N": 128, "K": 64}, "sequences": {}}
+    inputs = {
+        "A": numpy.zeros(128 * 64 * 2, numpy.uint8),
+        "B": numpy.zeros(128 * 64 * 2, numpy.uint8),
+    }
+    job = CallJob(GEMM, library, workload, inputs)
+    profile = PendingCount(device=0).finish(job, timeout_s=60)
+    assert profile.ok is False and profile.qualified is None
+    assert profile.method == "cupti" and profile.reason

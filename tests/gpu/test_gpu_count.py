@@ -1,0 +1,127 @@
+"""Executed instructions counted by CUPTI's SASS metrics on the GPU (``pytest -m gpu``), against
+what the test kernels issue and against Nsight Compute's counts of the same call.
+
+One m64n64k16 wgmma per warpgroup is 4 warp-level HGMMA (128 predicated-on threads); one TMA load
+is 1 per block (tests/kernels/wgmma_tma.cu, as tests/gpu/test_gpu_profile.py checks with ncu).
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ptxgym import paths
+from ptxgym.env import PTXKernelEnv
+from ptxgym.evaluate.count import count_candidate
+from ptxgym.evaluate.judge import JudgeSettings
+from ptxgym.evaluate.local_gpu import LocalGPUEvaluator, incompatibility
+from ptxgym.evaluate.profile import InstructionProfile, profile_candidate
+from ptxgym.evaluate.worker import host_inputs
+from ptxgym.languages.cuda.compiler import compile_source
+from ptxgym.tasks import Task, get_task
+
+pytestmark = pytest.mark.gpu
+
+GEMM = get_task("PTX-H100-GEMM")
+MHA = get_task("PTX-H100-MHAFwd-d128")
+BLOCKS = GEMM.workloads[0].axes["M"] // 64  # the test kernels launch one warpgroup per 64 rows
+KERNELS = Path(__file__).parents[1] / "kernels"
+EXAMPLES = paths.examples_dir()
+TARGETS = ("HGMMA", "UTMALDG")
+
+
+@pytest.fixture(autouse=True)
+def _sm90() -> None:
+    if reason := incompatibility(GEMM):
+        pytest.skip(reason)
+
+
+@functools.cache
+def _inputs(task_id: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    task = get_task(task_id)
+    workload = {"axes": task.workloads[0].axes, "sequences": task.workloads[0].sequences}
+    return workload, host_inputs(task, workload, 1)
+
+
+def _library(task: Task, source: str) -> str:
+    build = compile_source(source, task)
+    assert build.ok and build.library is not None, build.log
+    return build.library
+
+
+def _count(task: Task, source: str) -> InstructionProfile:
+    workload, inputs = _inputs(task.id)
+    result = count_candidate(task, _library(task, source), workload, inputs, device=0)
+    assert result.ok, result.reason
+    assert result.method == "cupti"
+    return result
+
+
+def test_executed_wgmma_and_tma_are_counted() -> None:
+    result = _count(GEMM, (KERNELS / "wgmma_tma.cu").read_text())
+    assert result.families == {"compute": True, "data_movement": True}
+    assert result.warp_counts["HGMMA"] == 4 * BLOCKS
+    assert result.thread_counts["HGMMA"] == 128 * BLOCKS
+    assert result.warp_counts["UTMALDG"] == BLOCKS
+    assert {"load", "call", "count", "gpu"} <= set(result.call_seconds)
+
+
+def test_a_kernel_launched_after_another_is_counted_too() -> None:
+    """CUPTI counted only a process's first kernel unless its Activity API had been used and
+    turned off before (the helper's warm-up): a plain kernel first, then the wgmma one."""
+    source = (KERNELS / "wgmma_tma.cu").read_text()
+    first = "__global__ void first_kernel(__nv_bfloat16* C) { C[threadIdx.x] = C[threadIdx.x]; }\n"
+    launch = "  wgmma_tma_kernel<<<M / 64, 128, 0, stream>>>(tmap_a, C);"
+    assert launch in source
+    source = source.replace('#include "ptxgym_h100.cuh"\n', '#include "ptxgym_h100.cuh"\n' + first)
+    source = source.replace(launch, "  first_kernel<<<1, 32, 0, stream>>>(C);\n" + launch)
+    result = _count(GEMM, source)
+    assert result.warp_counts["HGMMA"] == 4 * BLOCKS
+
+
+def test_wgmma_on_a_branch_never_taken_does_not_qualify() -> None:
+    result = _count(GEMM, (KERNELS / "wgmma_never_taken.cu").read_text())
+    assert result.thread_counts.get("HGMMA", 0) == 0
+    assert result.qualified is False
+
+
+def test_plain_cuda_executes_neither_family() -> None:
+    result = _count(GEMM, (EXAMPLES / "naive" / "gemm.cu").read_text())
+    assert result.families == {"compute": False, "data_movement": False}
+
+
+@pytest.mark.parametrize(
+    ("task", "source"),
+    [
+        (GEMM, KERNELS / "wgmma_tma.cu"),
+        (GEMM, EXAMPLES / "expert" / "gemm.cu"),
+        (MHA, EXAMPLES / "expert" / "mha_fwd_d128.cu"),
+    ],
+    ids=["wgmma_tma", "expert_gemm", "expert_mha_fwd"],
+)
+def test_cupti_counts_equal_nsight_computes(task: Task, source: Path) -> None:
+    text = source.read_text()
+    counted = _count(task, text)
+    workload, inputs = _inputs(task.id)
+    profiled = profile_candidate(task, _library(task, text), workload, inputs, device=0)
+    assert profiled.ok, profiled.reason
+    for opcode in TARGETS:
+        assert counted.thread_counts.get(opcode, 0) == profiled.thread_counts.get(opcode, 0)
+        assert counted.warp_counts.get(opcode, 0) == profiled.warp_counts.get(opcode, 0)
+    assert counted.families == profiled.families
+
+
+def test_the_env_qualifies_the_expert_gemm_with_cupti_counts() -> None:
+    settings = JudgeSettings(profile_method="cupti", memcheck=False)
+    env = PTXKernelEnv("PTX-H100-GEMM", evaluator=LocalGPUEvaluator(settings=settings))
+    env.reset()
+    try:
+        info = env.step((EXAMPLES / "expert" / "gemm.cu").read_text())[4]
+    finally:
+        env.close()
+    assert info["status"] == "PASSED", info["feedback"]
+    assert info["outcome"]["qualified"] is True
+    assert info["outcome"]["profile"]["method"] == "cupti"
