@@ -57,7 +57,9 @@ def counts_profile(
     warp_counts: Counter[str] = Counter()
     # CUPTI may name a function as compiled (mangled) or as written: both find its listing.
     named = {**{alias: listing[name] for name, alias in demangle(list(listing)).items()}, **listing}
-    matched = 0
+    # CUPTI gives one record per instruction and metric: the warp-level count and the threads'
+    # come in rows of their own, summed here per instruction.
+    summed: dict[tuple[str, int], list[int]] = {}
     for row in rows:
         if not (
             isinstance(row, list)
@@ -66,7 +68,11 @@ def counts_profile(
             and all(isinstance(value, int) and value >= 0 for value in row[1:])
         ):
             raise CountsRefused(f"a row of counts is malformed: {str(row)[:120]}")
-        function, offset, warps, threads = row
+        totals = summed.setdefault((row[0], row[1]), [0, 0])
+        totals[0] += row[2]
+        totals[1] += row[3]
+    matched = 0
+    for (function, offset), (warps, threads) in summed.items():
         if function not in named:
             continue
         matched += 1

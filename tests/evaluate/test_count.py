@@ -131,3 +131,14 @@ def test_a_count_that_cannot_run_is_unknown_and_says_why() -> None:
     profile = PendingCount(device=0).finish(job, timeout_s=60)
     assert profile.ok is False and profile.qualified is None
     assert profile.method == "cupti" and profile.reason
+
+
+def test_an_instructions_warp_and_thread_counts_may_come_in_rows_of_their_own() -> None:
+    """As CUPTI gives them on the H200: one record per instruction and metric."""
+    name, listing = _kernel()
+    hgmma = _offset(listing, "HGMMA")
+    rows = [[name, hgmma, 4, 0], [name, hgmma, 0, 128], [name, 0, 0, 16384], [name, 0, 512, 0]]
+    profile = counts_profile(GEMM, {name: listing}, rows)
+    assert (profile.warp_counts, profile.thread_counts) == ({"HGMMA": 4}, {"HGMMA": 128})
+    with pytest.raises(CountsRefused, match="129 threads for 4"):
+        counts_profile(GEMM, {name: listing}, [*rows, [name, hgmma, 0, 1]])
