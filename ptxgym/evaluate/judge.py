@@ -92,6 +92,13 @@ class JudgeSettings:
     """
 
     stage_timeout_s: float = 300.0
+    # How long one call may keep the worker from its next message while the judge holds the GPU
+    # alone: max(call_timeout_floor_s, call_timeout_ratio x the library's latency on that
+    # workload), and never beyond the stage's deadline. A kernel that hangs then costs seconds
+    # of the GPU, not the stage's minutes; a correct kernel 1000x slower than the library still
+    # runs (the naive GQA decode, the slowest example, is 62x).
+    call_timeout_floor_s: float = 5.0
+    call_timeout_ratio: float = 1000.0
     warmup: int = WARMUP_CALLS
     iters: int = TIMED_CALLS
     trials: int = TRIALS
@@ -844,13 +851,27 @@ class Conversation:
         self.calling: dict[int, tuple[float, float]] = {}
         self.clocks: dict[int, protocol.CallClock] = {}
 
+    def message_timeout(self, due: protocol.Due) -> float:
+        """How long the judge waits for the message ``due``: one call's bound
+        (``JudgeSettings.call_timeout_floor_s`` and ``call_timeout_ratio``), within what is left
+        of the stage's deadline."""
+        left = self.settings.stage_timeout_s - (time.perf_counter() - self.started)
+        # A message of no one workload (the end) is bounded by the slowest workload's library.
+        baseline_ms = self.baselines.get(due.workload, max(self.baselines.values(), default=0.0))
+        bound = max(
+            self.settings.call_timeout_floor_s,
+            self.settings.call_timeout_ratio * baseline_ms / 1e3,
+        )
+        return max(0.0, min(bound, left))
+
     def run(self) -> Verdict:
         """Take the worker's messages until it is done, fails, hangs or breaks the protocol."""
-        timeout = self.settings.stage_timeout_s
         due = self.script.due
+        timeout = self.message_timeout(due)
         try:
             while True:
                 due = self.script.due
+                timeout = self.message_timeout(due)
                 header, tensors = _receive(self.conn, timeout, self.arena)
                 arrived = time.perf_counter()
                 message = self.script.accept(header, tensors)
@@ -860,10 +881,13 @@ class Conversation:
                 if verdict is not None:
                     return verdict
         except _Timeout:
+            settings = self.settings
             return self._verdict(
                 Status.TIMEOUT,
-                f"no progress within {timeout:.0f} s during {due.where}: the kernel hangs or is "
-                "far too slow",
+                f"no progress within {timeout:.1f} s during {due.where}: the kernel hangs or is "
+                f"far too slow (a call may take at most max({settings.call_timeout_floor_s:g} s, "
+                f"{settings.call_timeout_ratio:g} x the library's time), and the whole stage "
+                f"{settings.stage_timeout_s:g} s)",
             )
         except (protocol.ProtocolError, channel.ChannelError) as exc:
             return self._verdict(

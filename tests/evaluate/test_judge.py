@@ -7,6 +7,8 @@ from __future__ import annotations
 import multiprocessing
 import os
 import sys
+import time
+from dataclasses import replace
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
@@ -14,6 +16,7 @@ from typing import Any
 import pytest
 
 from ptxgym.evaluate import judge as judge_module
+from ptxgym.evaluate import worker_protocol as protocol
 from ptxgym.evaluate.baselines import baseline_key, cached_baseline, store_baseline
 from ptxgym.evaluate.correctness import CheckReport, check_outputs
 from ptxgym.evaluate.judge import (
@@ -181,6 +184,7 @@ def test_forked_workers_begin_with_their_imports_done(fork: bool) -> None:
 SMALL = WorkloadSpec(name="small", axes={"M": 16, "N": 8, "K": 32})
 SMALL_GEMM = GEMM.model_copy(update={"workloads": [SMALL]})
 SHORT = JudgeSettings(stage_timeout_s=10.0, warmup=2, iters=5, trials=3)
+HANG_S = 3.0
 
 
 def _cpu_inputs(seed: int) -> dict[str, Any]:
@@ -198,6 +202,7 @@ class _CpuEntry:
     from the first call of all) returns CUDA's illegal-address error instead."""
 
     failing_call: int | None = None
+    hanging_call: int | None = None  # this call takes HANG_S, as a hung kernel would
 
     def __init__(self, library: str, task: Task) -> None:
         self.calls = 0
@@ -206,6 +211,8 @@ class _CpuEntry:
         self.calls += 1
         if self.calls == self.failing_call:
             return 700
+        if self.calls == self.hanging_call:
+            time.sleep(HANG_S)
         product = inputs["A"].float() @ inputs["B"].float().T
         outputs["C"].copy_(product.bfloat16())
         return 0
@@ -246,6 +253,8 @@ def _serve_on_the_cpu(conn: Connection) -> None:
     timer._reset_l2 = lambda: True  # type: ignore[method-assign]
     try:
         worker._serve(conn, job, timer, arena)
+    except OSError:
+        pass  # the judge gave up on it (a hang) and closed its end, as a real one is killed
     except Exception as exc:
         channel.send(conn, {"kind": "error", "message": worker.error_text(exc)})
     finally:
@@ -277,7 +286,7 @@ def cpu_worker(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
 
 
-def _evaluate_on_the_cpu() -> Verdict:
+def _evaluate_on_the_cpu(settings: JudgeSettings = SHORT) -> Verdict:
     """The worker's real service in a thread, against the judge's real conversation."""
     import threading
 
@@ -289,7 +298,7 @@ def _evaluate_on_the_cpu() -> Verdict:
     )
     plans = {"small": _TimingPlan(seed=1000, checked=frozenset({3, 9, 16}))}
     judge_end, worker_end = multiprocessing.Pipe()
-    job = _worker_job(SMALL_GEMM, "candidate.so", [state], plans, SHORT)
+    job = _worker_job(SMALL_GEMM, "candidate.so", [state], plans, settings)
     arena = channel.Arena.create(_output_bytes(SMALL_GEMM, SMALL))
     job["arena_bytes"] = arena.size
     thread = threading.Thread(target=_serve_on_the_cpu, args=(worker_end,), daemon=True)
@@ -299,7 +308,7 @@ def _evaluate_on_the_cpu() -> Verdict:
         arena.share(judge_end, os.getpid())
         checks = _CpuChecks([state], plans)
         return Conversation(
-            SMALL_GEMM, [state], plans, SHORT, checks, judge_end, arena, {}, lambda: "ended"
+            SMALL_GEMM, [state], plans, settings, checks, judge_end, arena, {}, lambda: "ended"
         ).run()
     finally:
         judge_end.close()
@@ -330,6 +339,48 @@ def test_an_entry_point_failing_while_timed_is_a_runtime_error(
     assert verdict.status is Status.RUNTIME_ERROR
     assert verdict.message.startswith("the entry point returned 700 (")
     assert verdict.message.endswith(") while being timed")
+
+
+@pytest.mark.usefixtures("cpu_worker")
+@pytest.mark.parametrize("call", [2, 6], ids=["correctness", "timed"])
+def test_a_hanging_call_ends_at_the_call_bound_not_the_stage_deadline(
+    monkeypatch: pytest.MonkeyPatch, call: int
+) -> None:
+    """The stage may take 10 s, one call max(0.3 s, 100 x the library's 1 ms) = 0.3 s."""
+    monkeypatch.setattr(_CpuEntry, "hanging_call", call)
+    settings = replace(SHORT, call_timeout_floor_s=0.3, call_timeout_ratio=100.0)
+    started = time.perf_counter()
+    verdict = _evaluate_on_the_cpu(settings)
+    assert verdict.status is Status.TIMEOUT, verdict.message
+    assert verdict.message.startswith("no progress within 0.3 s during small/")
+    assert "max(0.3 s, 100 x the library's time)" in verdict.message
+    # The judge gave up at the bound; the rest is the stand-in worker's sleep ending.
+    assert time.perf_counter() - started < HANG_S + 2
+
+
+def test_the_call_bound_follows_the_library_and_stays_within_the_stage() -> None:
+    state = _WorkloadState(SMALL, [], baseline_ms=40.0, baseline_method="cupti")
+    judge_end, _ = multiprocessing.Pipe()
+    conversation = Conversation(
+        SMALL_GEMM,
+        [state],
+        {"small": _TimingPlan(1, frozenset())},
+        SHORT,
+        _CpuChecks([state], {}),
+        judge_end,
+        channel.Arena.create(64),
+        {},
+        lambda: "ended",
+    )
+    due = protocol.Due(protocol.RAN, "small", call=3)
+    # 1000 x 40 ms = 40 s, beyond the floor of 5 s, cut to the 10 s stage deadline.
+    assert 9.0 < conversation.message_timeout(due) <= 10.0
+    small = replace(SHORT, stage_timeout_s=300.0)
+    conversation.settings = small
+    assert conversation.message_timeout(due) == pytest.approx(40.0)
+    conversation.baselines = {"small": 1.0}
+    assert conversation.message_timeout(due) == pytest.approx(5.0)  # the floor
+    conversation.arena.close()
 
 
 def test_an_out_of_memory_error_passes_on_only_the_size_asked_for() -> None:
