@@ -159,6 +159,17 @@ def _qualification(outcome: Outcome, task: Task) -> list[str]:
             lines.append(f"- {family.name}: present in SASS but never executed")
         else:
             lines.append(f"- {family.name}: not executed (no {'/'.join(patterns)} in the code)")
+    if profile.coverage is not None:
+        short = profile.families.get("compute") and profile.coverage < profile.min_coverage
+        lines.append(
+            f"- work on {task.target.instruction_families['compute'].name}: "
+            f"{profile.coverage:.1%} of the operator's FLOPs"
+            + (
+                f", below the {profile.min_coverage:.0%} it must do to qualify"
+                if short
+                else f" (it must do at least {profile.min_coverage:.0%} to qualify)"
+            )
+        )
     names = " or ".join(f.name for f in task.target.instruction_families.values())
     if outcome.qualified:
         lines.append("Qualified: yes.")

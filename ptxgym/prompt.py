@@ -155,6 +155,11 @@ def _target_section(task: Task, build: str) -> str:
         "instructions your kernels execute (`sass__thread_inst_executed_true_per_opcode`, "
         "predicated-on threads, over your launches only). Instructions that are compiled in "
         "but never executed do not count; a failed profile counts as not qualified.",
+        "",
+        f"The compute family must also do at least {task.min_coverage:.0%} of the operator's "
+        f"work: the FLOPs its matrix instructions execute, against `{task.flops}` FLOPs "
+        "(multiply-adds count 2; only the pairs a causal mask keeps). A token instruction "
+        "beside work done otherwise does not qualify.",
     ]
     return "\n".join(lines)
 

@@ -47,6 +47,9 @@ _INSTRUCTION_RE = re.compile(r"^\s*/\*[0-9a-f]+\*/\s+(?:@!?\w+\s+)?([A-Z][A-Z0-9
 # The same, keeping the offset and the instruction's text (up to the ';').
 _ADDRESSED_RE = re.compile(r"^\s*/\*([0-9a-f]+)\*/\s+((?:@!?\w+\s+)?([A-Z][A-Z0-9_]*)[^;]*)")
 _INSTRUCTION_BYTES = 16
+# Hopper's warpgroup matrix instruction and its shape, after any predicate guard.
+_MMA_SHAPE_RE = re.compile(r"^(?:@!?\w+\s+)?HGMMA\.(\d+)x(\d+)x(\d+)\b")
+_WARPS_PER_WARPGROUP = 4
 
 
 @dataclass(frozen=True)
@@ -130,6 +133,17 @@ def target_addresses(library: Path, task: Task) -> dict[str, FunctionListing]:
             if any(fnmatchcase(opcode, pattern) for pattern in patterns):
                 targets[current][offset] = " ".join(text.split())
     return {name: FunctionListing(sizes[name], targets[name]) for name in sizes}
+
+
+def flops_per_warp(instruction: str) -> int | None:
+    """The floating-point work one warp-level execution of a matrix instruction does, from its
+    text (``HGMMA.64x256x16.F32.BF16 ...``: a warpgroup's m x n x k multiply-adds, a quarter per
+    warp, 2 FLOPs each); None for an instruction whose shape the text does not give."""
+    found = _MMA_SHAPE_RE.match(instruction)
+    if found is None:
+        return None
+    m, n, k = (int(found.group(i)) for i in (1, 2, 3))
+    return 2 * m * n * k // _WARPS_PER_WARPGROUP
 
 
 def _dump(library: Path) -> tuple[str, str | None, str]:

@@ -23,12 +23,19 @@ import json
 import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ptxgym.build.sass import FunctionListing, demangle, target_addresses
+from ptxgym.build.sass import FunctionListing, demangle, flops_per_warp, target_addresses
 from ptxgym.evaluate.cupti_helper import HelperUnavailable, build_helper
-from ptxgym.evaluate.profile import DEFAULT_TIMEOUT_S, InstructionProfile, families_executed
+from ptxgym.evaluate.profile import (
+    DEFAULT_TIMEOUT_S,
+    InstructionProfile,
+    families_executed,
+    matrix_instructions,
+    with_coverage,
+)
 from ptxgym.evaluate.single_call import COUNTS_FILE, CallJob, PendingCall, call_seconds
 from ptxgym.tasks import Task
 
@@ -55,8 +62,12 @@ def counts_profile(
     left out."""
     thread_counts: Counter[str] = Counter()
     warp_counts: Counter[str] = Counter()
+    matrix = matrix_instructions(task, listing)
+    flops: int | None = 0
     # CUPTI may name a function as compiled (mangled) or as written: both find its listing.
-    named = {**{alias: listing[name] for name, alias in demangle(list(listing)).items()}, **listing}
+    canonical = {**{alias: name for name, alias in demangle(list(listing)).items()}}
+    canonical.update({name: name for name in listing})
+    named = {alias: listing[name] for alias, name in canonical.items()}
     # CUPTI gives one record per instruction and metric: the warp-level count and the threads'
     # come in rows of their own, summed here per instruction.
     summed: dict[tuple[str, int], list[int]] = {}
@@ -89,6 +100,9 @@ def counts_profile(
             mnemonic = words[1 if words[0].startswith("@") else 0].split(".")[0]
             thread_counts[mnemonic] += threads
             warp_counts[mnemonic] += warps
+            if warps and (canonical[function], offset) in matrix:
+                per_warp = flops_per_warp(text)
+                flops = None if flops is None or per_warp is None else flops + per_warp * warps
     if rows and not matched:
         # Not "nothing executed": the counts and the listing do not speak of the same code.
         names = sorted({str(row[0]) for row in rows if isinstance(row, list) and row})[:3]
@@ -99,6 +113,7 @@ def counts_profile(
         thread_counts=dict(thread_counts),
         warp_counts=dict(warp_counts),
         families=families_executed(task, thread_counts),
+        flops_executed=flops,
     )
 
 
@@ -155,15 +170,10 @@ class PendingCount:
             return unknown(f"the counts were refused: {exc}")
         except RuntimeError as exc:
             return unknown(f"the library's SASS could not be listed: {exc}")
-        return InstructionProfile(
-            True,
-            method="cupti",
-            thread_counts=profile.thread_counts,
-            warp_counts=profile.warp_counts,
-            families=profile.families,
-            seconds=time.perf_counter() - started,
-            call_seconds=call_seconds(output),
+        timed = replace(
+            profile, seconds=time.perf_counter() - started, call_seconds=call_seconds(output)
         )
+        return with_coverage(timed, job.task, job.workload, profile.flops_executed)
 
     def cancel(self) -> None:
         self.close()

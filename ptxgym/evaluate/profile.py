@@ -33,12 +33,13 @@ import sys
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ptxgym import paths
-from ptxgym.build.sass import family_present
+from ptxgym.build.sass import FunctionListing, family_present, flops_per_warp, target_addresses
 from ptxgym.evaluate.single_call import CallJob, PendingCall, call_seconds
 from ptxgym.sandbox.isolation import python_environment, restrict_files, seal
 from ptxgym.sandbox.processes import ProcessGroup, wait_for_word
@@ -110,6 +111,13 @@ class InstructionProfile:
     warp_counts: dict[str, int] = field(default_factory=dict)
     kernels: tuple[KernelFacts, ...] = ()
     families: dict[str, bool] = field(default_factory=dict)
+    # The operator's floating-point work the compute family's instructions did, as a part of the
+    # task's FLOP model on the profiled workload (``Task.flops``); None where not measured (a
+    # shape the SASS text does not give, or per-opcode counts over instructions of different
+    # shapes). Below ``min_coverage`` the compute family does not qualify.
+    flops_executed: int | None = None
+    coverage: float | None = None
+    min_coverage: float = 0.0
     seconds: float = 0.0
     # Of ``seconds``, the part spent reading the report after Nsight Compute ended.
     read_seconds: float = 0.0
@@ -118,8 +126,15 @@ class InstructionProfile:
 
     @property
     def qualified(self) -> bool | None:
-        """True or False when measured; None (unknown, never qualifying) when it failed."""
-        return any(self.families.values()) if self.ok else None
+        """True or False when measured; None (unknown, never qualifying) when it failed. The
+        compute family qualifies when it executed and, where its coverage was measured, did at
+        least ``min_coverage`` of the operator's work; another family when it executed."""
+        if not self.ok:
+            return None
+        computed = self.families.get("compute", False) and (
+            self.coverage is None or self.coverage >= self.min_coverage
+        )
+        return computed or any(v for key, v in self.families.items() if key != "compute")
 
 
 def families_executed(task: Task, counts: Mapping[str, int]) -> dict[str, bool]:
@@ -128,6 +143,42 @@ def families_executed(task: Task, counts: Mapping[str, int]) -> dict[str, bool]:
         key: family_present(counts, family)
         for key, family in task.target.instruction_families.items()
     }
+
+
+def matrix_instructions(
+    task: Task, listing: Mapping[str, FunctionListing]
+) -> dict[tuple[str, int], str]:
+    """The compute family's matrix instructions of ``listing`` (those of the first group of its
+    ``all_of``: HGMMA on Hopper, UTC*MMA on Blackwell), by (function, offset): their text."""
+    family = task.target.instruction_families.get("compute")
+    if family is None:
+        return {}
+    patterns = family.all_of[0]
+    return {
+        (function, offset): text
+        for function, where in listing.items()
+        for offset, text in where.targets.items()
+        if any(fnmatchcase(_mnemonic(text), pattern) for pattern in patterns)
+    }
+
+
+def _mnemonic(instruction: str) -> str:
+    words = instruction.split()  # a predicate guard (@P0, @!UP1) before the opcode
+    return words[1 if words[0].startswith("@") else 0].split(".")[0]
+
+
+def with_coverage(
+    profile: InstructionProfile, task: Task, workload: Mapping[str, Any], flops: int | None
+) -> InstructionProfile:
+    """``profile`` with the coverage of ``flops`` (the matrix instructions' work, None when not
+    measured) against the task's FLOP model on ``workload`` (its axes and sequences)."""
+    work = task.flops_of(workload["axes"], workload.get("sequences", {}))
+    return replace(
+        profile,
+        flops_executed=flops,
+        coverage=None if flops is None else flops / work,
+        min_coverage=task.min_coverage,
+    )
 
 
 def find_ncu() -> str | None:
@@ -252,7 +303,7 @@ class PendingProfile:
             return unknown("the profile reader's output could not be parsed")
         if not kernels:
             return unknown("no kernel launch of the candidate was profiled")
-        return InstructionProfile(
+        profile = InstructionProfile(
             True,
             method="ncu",
             thread_counts=thread_counts,
@@ -263,6 +314,7 @@ class PendingProfile:
             read_seconds=read_seconds,
             call_seconds=profiled_call,
         )
+        return with_coverage(profile, job.task, job.workload, _opcode_flops(job, warp_counts))
 
     def cancel(self) -> None:
         self.close()
@@ -290,6 +342,25 @@ def profile_candidate(
     (made by ``ptxgym.evaluate.worker.host_inputs``); ``details``: also ``DETAIL_METRICS``."""
     job = CallJob(task, library, workload, inputs)
     return PendingProfile(device=device, metrics=profile_metrics(details)).finish(job, timeout_s)
+
+
+def _opcode_flops(job: CallJob, warp_counts: Mapping[str, int]) -> int | None:
+    """The matrix instructions' work from per-opcode counts (what Nsight Compute gives): only
+    when every matrix instruction of the library has one shape, so each execution did the same
+    work; None otherwise, or when the library cannot be listed."""
+    try:
+        matrix = matrix_instructions(job.task, target_addresses(Path(job.library), job.task))
+    except RuntimeError:
+        return None
+    if not matrix:
+        return 0
+    shapes = {flops_per_warp(text) for text in matrix.values()}
+    opcodes = {_mnemonic(text) for text in matrix.values()}
+    if len(shapes) != 1 or None in shapes:
+        return None
+    (per_warp,) = shapes
+    assert per_warp is not None
+    return per_warp * sum(warp_counts.get(opcode, 0) for opcode in opcodes)
 
 
 def _kernel_facts(kernel: Mapping[str, Any]) -> KernelFacts:

@@ -116,6 +116,9 @@ def _profile_to_json(profile: InstructionProfile) -> dict[str, Any]:
         "warp_counts": {str(k): int(v) for k, v in profile.warp_counts.items()},
         "kernels": [_kernel_facts_to_json(kernel) for kernel in profile.kernels],
         "families": {str(k): bool(v) for k, v in profile.families.items()},
+        "flops_executed": None if profile.flops_executed is None else int(profile.flops_executed),
+        "coverage": None if profile.coverage is None else float(profile.coverage),
+        "min_coverage": float(profile.min_coverage),
         "seconds": float(profile.seconds),
         "read_seconds": float(profile.read_seconds),
         "call_seconds": {str(k): float(v) for k, v in profile.call_seconds.items()},
@@ -237,6 +240,9 @@ def _profile_from_json(data: object, where: str) -> InstructionProfile:
         warp_counts=fields.mapping("warp_counts", _count),
         kernels=fields.sequence("kernels", _kernel_facts_from_json),
         families=fields.mapping("families", _flag),
+        flops_executed=fields.optional_count("flops_executed"),
+        coverage=fields.optional_number("coverage"),
+        min_coverage=fields.number("min_coverage"),
         seconds=fields.number("seconds"),
         read_seconds=fields.number("read_seconds"),
         call_seconds=fields.mapping("call_seconds", _number),
@@ -301,6 +307,9 @@ _PROFILE_FIELDS = (
     "warp_counts",
     "kernels",
     "families",
+    "flops_executed",
+    "coverage",
+    "min_coverage",
     "seconds",
     "read_seconds",
     "call_seconds",
@@ -380,6 +389,10 @@ class _Fields:
 
     def number(self, name: str) -> float:
         return _number(*self._at(name))
+
+    def optional_count(self, name: str) -> int | None:
+        value, where = self._at(name)
+        return None if value is None else _count(value, where)
 
     def optional_number(self, name: str) -> float | None:
         value, where = self._at(name)

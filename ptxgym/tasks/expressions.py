@@ -1,7 +1,8 @@
 """Safe evaluation of the small integer expressions that task files use.
 
 Task files derive workload axes from sequence lengths (``num_pages: sum(ceil_div(kv_lens,
-page_size))``) and state constraints (``len_indptr == batch_size + 1``). These are data, so they
+page_size))``), state constraints (``len_indptr == batch_size + 1``) and count an operator's
+floating-point work (``4 * num_qo_heads * head_dim * sum(kv_lens)``). These are data, so they
 are parsed with :mod:`ast` and evaluated over a fixed set of operators and functions; nothing in a
 task file can run arbitrary Python.
 """
@@ -27,6 +28,13 @@ def _ceil_div(a: Value, b: int) -> Value:
     return -(-int(a) // b)
 
 
+def _dot(a: Sequence[int], b: Sequence[int]) -> int:
+    """``sum(a[i] * b[i])`` over two lists of the same length."""
+    if len(a) != len(b):
+        raise ValueError(f"lists of {len(a)} and {len(b)} elements")
+    return sum(x * y for x, y in zip(a, b, strict=True))
+
+
 def _all_le(a: Sequence[int], b: Sequence[int]) -> bool:
     """True when ``a[i] <= b[i]`` for every i and both have the same length."""
     return len(a) == len(b) and all(x <= y for x, y in zip(a, b, strict=True))
@@ -39,6 +47,7 @@ _FUNCTIONS: dict[str, Callable[..., Any]] = {
     "min": min,
     "ceil_div": _ceil_div,
     "all_le": _all_le,
+    "dot": _dot,
 }
 _BINARY: dict[type[ast.operator], Callable[[Any, Any], Any]] = {
     ast.Add: operator.add,
@@ -61,7 +70,7 @@ def evaluate(expression: str, names: Mapping[str, Value]) -> Value:
     """Evaluate ``expression`` over ``names``.
 
     Allowed: integer literals, names, ``+ - * // %``, comparisons, ``and``/``or``, and the
-    functions ``sum len max min ceil_div all_le``.
+    functions ``sum len max min ceil_div all_le dot``.
     """
     try:
         tree = ast.parse(expression, mode="eval")

@@ -160,6 +160,8 @@ _TASK_FIELDS = {
     "entry_point",
     "tolerance",
     "turns",
+    "flops",
+    "min_coverage",
 }
 
 

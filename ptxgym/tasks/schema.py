@@ -9,11 +9,14 @@ from __future__ import annotations
 import ast
 import importlib.util
 import re
+from collections.abc import Mapping
 from functools import cache
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from ptxgym.tasks import expressions
 
 GPU = Literal["H100", "B200"]
 DType = Literal["bfloat16", "float32", "int32"]
@@ -188,6 +191,13 @@ class Task(_Model):
     entry_point: EntryPoint
     tolerance: Tolerance
     turns: int = Field(ge=1)
+    # The operator's floating-point work on a workload: an expression over its axes and
+    # sequences (ptxgym.tasks.expressions), counting each multiply-add of its matrix products
+    # as 2 and only the pairs a causal mask keeps.
+    flops: str
+    # The part of that work the target family of tensor-core instructions must do for the
+    # compute family to qualify (ptxgym.evaluate.profile.InstructionProfile.qualified).
+    min_coverage: float = Field(ge=0.0, le=1.0)
     source: str
 
     @model_validator(mode="after")
@@ -218,7 +228,23 @@ class Task(_Model):
         names = {w.name for w in self.workloads}
         if len(names) != len(self.workloads):
             raise ValueError("workloads: names must be unique")
+        for workload in self.workloads:
+            try:
+                work = self.flops_of(workload.axes, workload.sequences)
+            except expressions.ExpressionError as exc:
+                raise ValueError(f"flops: {exc}") from None
+            if work <= 0:
+                raise ValueError(f"flops: {work} on workload {workload.name!r}; it must be > 0")
         return self
+
+    def flops_of(self, axes: Mapping[str, int], sequences: Mapping[str, list[int]]) -> int:
+        """The operator's floating-point work on a workload of these axes and sequences."""
+        names: dict[str, expressions.Value] = {**self.definition.const_axes, **axes}
+        names.update({name: list(lengths) for name, lengths in sequences.items()})
+        work = expressions.evaluate(self.flops, names)
+        if type(work) is not int:
+            raise expressions.ExpressionError(f"{self.flops!r} is not an integer")
+        return work
 
     @property
     def arch(self) -> str:

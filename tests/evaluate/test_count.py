@@ -6,15 +6,17 @@ from __future__ import annotations
 
 import ctypes
 import functools
+from dataclasses import replace
 from pathlib import Path
 
 import numpy
 import pytest
 
 from ptxgym import paths
-from ptxgym.build.sass import FunctionListing, target_addresses
+from ptxgym.build.sass import FunctionListing, flops_per_warp, target_addresses
 from ptxgym.evaluate import cupti_helper
 from ptxgym.evaluate.count import CountsRefused, PendingCount, counts_profile
+from ptxgym.evaluate.profile import InstructionProfile, with_coverage
 from ptxgym.evaluate.single_call import CallJob
 from ptxgym.languages.cuda.compiler import compile_source
 from ptxgym.tasks import get_task
@@ -142,3 +144,43 @@ def test_an_instructions_warp_and_thread_counts_may_come_in_rows_of_their_own() 
     assert (profile.warp_counts, profile.thread_counts) == ({"HGMMA": 4}, {"HGMMA": 128})
     with pytest.raises(CountsRefused, match="129 threads for 4"):
         counts_profile(GEMM, {name: listing}, [*rows, [name, hgmma, 0, 1]])
+
+
+def test_a_matrix_instructions_work_comes_from_its_shape() -> None:
+    assert flops_per_warp("HGMMA.64x256x16.F32.BF16 R24, gdesc[UR8], R24, UP0") == 131072
+    assert flops_per_warp("@P0 HGMMA.64x64x16.F32.BF16 R24, gdesc[UR4], RZ") == 32768
+    assert flops_per_warp("UTMALDG.2D [UR8], [UR4]") is None
+
+
+def test_the_matrix_instructions_work_is_summed_and_measured_against_the_task() -> None:
+    name, listing = _kernel()
+    hgmma = [offset for offset, text in listing.targets.items() if text.startswith("HGMMA")]
+    per_warp = 131072  # HGMMA.64x256x16: the expert GEMM's shape
+    workload = {"axes": {"M": 256, "N": 256, "K": 256}, "sequences": {}}
+    op = 2 * 256**3
+    # As many warp-level executions as the whole product needs, spread over its HGMMA offsets.
+    warps = op // per_warp
+    rows = [[name, offset, warps // len(hgmma), 32 * warps // len(hgmma)] for offset in hgmma]
+    assert warps % len(hgmma) == 0
+    profile = with_coverage(counts_profile(GEMM, {name: listing}, rows), GEMM, workload, None)
+    assert profile.coverage is None and profile.qualified is True  # not measured: execution
+    counted = counts_profile(GEMM, {name: listing}, rows)
+    assert counted.flops_executed == op
+    full = with_coverage(counted, GEMM, workload, counted.flops_executed)
+    assert full.coverage == pytest.approx(1.0) and full.min_coverage == GEMM.min_coverage
+    assert full.qualified is True
+    # One warpgroup's wgmma beside a product done otherwise: executed, but not qualified.
+    token_rows = [[name, hgmma[0], 4, 128]]
+    token = counts_profile(GEMM, {name: listing}, token_rows)
+    assert token.families["compute"] is True
+    token = with_coverage(token, GEMM, workload, token.flops_executed)
+    assert token.coverage == pytest.approx(4 * per_warp / op)
+    assert token.qualified is False
+
+
+def test_a_data_movement_family_qualifies_on_execution_alone() -> None:
+    profile = InstructionProfile(
+        True, families={"compute": True, "data_movement": True}, coverage=0.01, min_coverage=0.5
+    )
+    assert profile.qualified is True
+    assert replace(profile, families={"compute": True, "data_movement": False}).qualified is False

@@ -196,6 +196,9 @@ class _Random:
                 lambda: KernelFacts(self.text(), *(self.maybe_number() for _ in range(9)))
             ),
             self.mapping(self.flag),
+            None if self.flag() else self.count(),
+            self.maybe_number(),
+            self.number(),
             self.number(),
             self.number(),
             self.mapping(self.number),

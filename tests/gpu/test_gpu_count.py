@@ -125,3 +125,53 @@ def test_the_env_qualifies_the_expert_gemm_with_cupti_counts() -> None:
     assert info["status"] == "PASSED", info["feedback"]
     assert info["outcome"]["qualified"] is True
     assert info["outcome"]["profile"]["method"] == "cupti"
+
+
+TOKEN_KERNEL = """
+__global__ void __launch_bounds__(128, 1) token_wgmma_kernel(__nv_bfloat16* C) {
+  __shared__ __align__(1024) __nv_bfloat16 tile[64 * 64];
+  float acc[32] = {};
+  ptx::wgmma_fence();
+  ptx::wgmma_m64n64k16_ss(acc, ptx::make_desc_kmajor_sw128(tile),
+                          ptx::make_desc_kmajor_sw128(tile), 0);
+  ptx::wgmma_commit();
+  ptx::wgmma_wait<0>();
+  C[threadIdx.x] = __float2bfloat16(acc[0]);
+}
+"""
+
+
+def _token_wgmma_gemm() -> str:
+    """The naive (FFMA) GEMM, correct, plus one wgmma executed by one warpgroup before it (whose
+    output the GEMM then overwrites)."""
+    source = (EXAMPLES / "naive" / "gemm.cu").read_text()
+    entry, launch = 'extern "C" int gemm(', "  gemm_tn_kernel<<<"
+    assert entry in source and launch in source
+    source = '#include "ptxgym_h100.cuh"\n' + source.replace(entry, TOKEN_KERNEL + entry, 1)
+    return source.replace(launch, "  token_wgmma_kernel<<<1, 128, 0, stream>>>(C);\n" + launch, 1)
+
+
+def test_coverage_is_the_part_of_the_operators_work_the_matrix_instructions_did() -> None:
+    expert = _count(GEMM, (EXAMPLES / "expert" / "gemm.cu").read_text())
+    assert expert.coverage == pytest.approx(1.0, rel=1e-9)  # every FLOP on HGMMA, none padded
+    assert expert.qualified is True
+    mha = _count(MHA, (EXAMPLES / "expert" / "mha_fwd_d128.cu").read_text())
+    assert mha.coverage == pytest.approx(1.0, rel=0.01)
+    token = _count(GEMM, _token_wgmma_gemm())
+    assert token.families == {"compute": True, "data_movement": False}
+    assert token.coverage is not None and token.coverage < 1e-6
+    assert token.qualified is False
+
+
+def test_a_token_wgmma_is_correct_but_does_not_qualify_through_the_env() -> None:
+    for method in ("cupti", "ncu"):
+        settings = JudgeSettings(profile_method=method, memcheck=False)
+        env = PTXKernelEnv("PTX-H100-GEMM", evaluator=LocalGPUEvaluator(settings=settings))
+        env.reset()
+        try:
+            info = env.step(_token_wgmma_gemm())[4]
+        finally:
+            env.close()
+        assert info["status"] == "PASSED", info["feedback"]
+        assert info["outcome"]["qualified"] is False, method
+        assert "below the 50% it must do to qualify" in info["feedback"]

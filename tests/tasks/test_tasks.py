@@ -57,6 +57,34 @@ def test_derived_axes_follow_the_sequences() -> None:
     assert chunked.axes == {"batch_size": 8, "len_indptr": 9, "total_q": 8192, "total_kv": 65536}
 
 
+def test_the_flop_models_count_the_operators_work() -> None:
+    gemm = tasks.get_task("PTX-H100-GEMM")
+    assert gemm.flops_of({"M": 3, "N": 5, "K": 7}, {}) == 2 * 3 * 5 * 7
+    mha, causal = tasks.get_task("PTX-H100-MHAFwd-d64"), tasks.get_task("PTX-H100-MHAFwdCausal-d64")
+    axes = {"B": 2, "S": 8, "H": 3}
+    assert mha.flops_of(axes, {}) == 4 * 2 * 3 * 8 * 8 * 64
+    assert causal.flops_of(axes, {}) == 4 * 2 * 3 * (8 * 9 // 2) * 64  # the pairs the mask keeps
+    backward = tasks.get_task("PTX-H100-MHABwd-d64")
+    assert backward.flops_of(axes, {}) == 5 * mha.flops_of(axes, {}) // 2
+    decode = tasks.get_task("PTX-H100-GQADecode")
+    assert decode.flops_of({}, {"kv_lens": [5, 7]}) == 4 * 32 * 128 * 12
+
+
+def test_the_prefill_model_counts_the_pairs_its_causal_mask_keeps() -> None:
+    prefill = tasks.get_task("PTX-H100-GQAPrefill")
+    q_lens, kv_lens = [3, 1, 4], [5, 1, 9]
+    # Query i of a sequence attends key j iff j <= i + kv_len - q_len (bottom-right aligned).
+    pairs = sum(
+        1
+        for q, kv in zip(q_lens, kv_lens, strict=True)
+        for i in range(q)
+        for j in range(kv)
+        if j <= i + kv - q
+    )
+    sequences = {"q_lens": q_lens, "kv_lens": kv_lens}
+    assert prefill.flops_of({}, sequences) == 4 * 32 * 128 * pairs
+
+
 def test_unknown_task_names_close_matches() -> None:
     with pytest.raises(KeyError, match="PTX-H100-MHAFwd-d128"):
         tasks.get_task("PTX-H100-MHAFwd-d12")
@@ -113,6 +141,12 @@ BAD_FILES: list[tuple[Change, str]] = [
     (
         lambda d: _gemm(d).update(suffix="d7"),
         r"gemm\.yaml.*\(PTX-H100-GEMM-d7\).*id: .*names head dim 7",
+    ),
+    (lambda d: d["defaults"].update(flops="2 * M * N * Q"), r"gemm\.yaml.*flops: .*names 'Q'"),
+    (lambda d: d["defaults"].update(flops="M - M"), r"gemm\.yaml.*flops: 0 on workload"),
+    (
+        lambda d: d["defaults"].update(min_coverage=1.5),
+        r"gemm\.yaml.*min_coverage: Input should be less than or equal to 1",
     ),
 ]
 
