@@ -146,6 +146,8 @@ def _qualification(outcome: Outcome, task: Task) -> list[str]:
         f"Target instructions ({_COUNTED_BY.get(profile.method, profile.method)}: executed, "
         f"predicated-on threads / warps{_covered(outcome)}):",
     ]
+    if profile.note:
+        lines.append(f"({profile.note})")
     for key, family in task.target.instruction_families.items():
         patterns = [pattern for group in family.all_of for pattern in group]
         if profile.families.get(key):

@@ -27,6 +27,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy
+
+from ptxgym.build.result import DEFAULT_COMPILE_TIMEOUT_S
 from ptxgym.build.sass import FunctionListing, demangle, flops_per_warp, target_addresses
 from ptxgym.evaluate.cupti_helper import HelperUnavailable, build_helper
 from ptxgym.evaluate.profile import (
@@ -37,10 +40,10 @@ from ptxgym.evaluate.profile import (
     with_coverage,
 )
 from ptxgym.evaluate.single_call import COUNTS_FILE, CallJob, PendingCall, call_seconds
-from ptxgym.tasks import Task
+from ptxgym.languages import get_language
+from ptxgym.tasks import Task, get_task
 
 if TYPE_CHECKING:
-    import numpy
     from numpy.typing import NDArray
 
 _INSTRUCTION_BYTES = 16
@@ -130,8 +133,15 @@ class PendingCount:
         except HelperUnavailable as exc:
             self.failure = str(exc)
             return
+        # The counted call holds the GPU shared: counts are exact whatever runs beside them
+        # (four count runs at once on the H200 all counted exactly, issue 25), and never beside
+        # a timing.
         self.call = PendingCall(
-            device=device, prefix="ptxgym-count-", lock_startup=lock_startup, counter=helper
+            device=device,
+            prefix="ptxgym-count-",
+            lock_startup=lock_startup,
+            counter=helper,
+            exclusive=False,
         )
         self.call.start(self.call.program)
 
@@ -197,3 +207,43 @@ def count_candidate(
     (made by ``ptxgym.evaluate.worker.host_inputs``), as ``profile_candidate`` profiles it."""
     job = CallJob(task, library, workload, inputs)
     return PendingCount(device=device).finish(job, timeout_s)
+
+
+SELF_TEST_KERNELS = Path(__file__).with_name("self_test")
+# What the self-test counts: with M rows, M / 64 warpgroups each execute one wgmma (4 warp-level
+# HGMMA), and a wgmma on a branch no launch takes executes none.
+_SELF_TEST_AXES = {"M": 128, "N": 128, "K": 64}
+
+
+def self_test(device: int, capability: tuple[int, int]) -> str | None:
+    """None when CUPTI counts executed instructions right on ``device`` (of compute
+    ``capability``), else why not: two kernels of known counts (``SELF_TEST_KERNELS``: one
+    executes a wgmma per warpgroup, one never does), built as candidates of the Hopper GEMM task
+    and counted like them. A judge counts with CUPTI only after this passes."""
+    task = get_task("PTX-H100-GEMM")
+    if tuple(task.target.compute_capability) != capability:
+        return (
+            f"the self-test has Hopper kernels only; this GPU is sm_{capability[0]}{capability[1]}"
+        )
+    workload = {"axes": _SELF_TEST_AXES, "sequences": {}}
+    elements = {"A": _SELF_TEST_AXES["M"], "B": _SELF_TEST_AXES["N"]}
+    inputs = {
+        name: numpy.zeros(rows * _SELF_TEST_AXES["K"] * 2, numpy.uint8)  # bf16 [rows, K]
+        for name, rows in elements.items()
+    }
+    expected = {"wgmma_tma.cu": 4 * _SELF_TEST_AXES["M"] // 64, "wgmma_never_taken.cu": 0}
+    for kernel, warps in expected.items():
+        build = get_language().build(
+            (SELF_TEST_KERNELS / kernel).read_text(), task, timeout_s=DEFAULT_COMPILE_TIMEOUT_S
+        )
+        if not build.ok or build.library is None:
+            return f"the self-test kernel {kernel} did not build: {build.log[-300:]}"
+        counted = count_candidate(task, build.library, workload, inputs, device=device)
+        if not counted.ok:
+            return f"counting {kernel} failed: {counted.reason[-300:]}"
+        if counted.warp_counts.get("HGMMA", 0) != warps:
+            return (
+                f"{kernel} executes {warps} warp-level HGMMA; CUPTI counted "
+                f"{counted.warp_counts.get('HGMMA', 0)}"
+            )
+    return None

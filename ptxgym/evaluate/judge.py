@@ -36,6 +36,7 @@ from ptxgym.device.lock import EXCLUSIVE_CHAIN_S, exclusive_gpu, lock_path, shar
 from ptxgym.evaluate import worker_protocol as protocol
 from ptxgym.evaluate.baselines import baseline_key, cached_baseline, store_baseline
 from ptxgym.evaluate.correctness import CheckReport, check_outputs
+from ptxgym.evaluate.count import self_test as count_self_test
 from ptxgym.evaluate.profile import DEFAULT_TIMEOUT_S as DEFAULT_PROFILE_TIMEOUT_S
 from ptxgym.evaluate.profile import InstructionProfile
 from ptxgym.evaluate.sanitizer import DEFAULT_TIMEOUT_S as DEFAULT_SANITIZER_TIMEOUT_S
@@ -368,6 +369,7 @@ class Judge:
             "timing_method": "cupti" if self.timer.cupti is not None else "host-sync",
         }
         self._start_spares()
+        self.profile_method, self.profile_note = self._choose_profile_method()
         # Tool runs started ahead of need, for each tool a verdict may call for.
         self._in_flight = 0  # evaluations under way (guarded by _mutex)
         # A pass calls for every tool the settings turn on.
@@ -378,9 +380,21 @@ class Judge:
             settings.spare_profile_runs,
             profile_details=settings.profile_details,
             lock_startups=settings.lock_startups,
-            profile_method=settings.profile_method,
+            profile_method=self.profile_method,
         )
         self.tool_runs.top_up(0)
+
+    def _choose_profile_method(self) -> tuple[ProfileMethod, str]:
+        """The method that counts executed instructions, and a note for every profile when it
+        is not the one the settings ask for: CUPTI only after its self-test passed on this GPU
+        (``ptxgym.evaluate.count.self_test``), else Nsight Compute."""
+        if not (self.settings.profile and self.settings.profile_method == "cupti"):
+            return self.settings.profile_method, ""
+        major, minor = self.device_info["capability"]
+        reason = count_self_test(self.device, (major, minor))
+        if reason is None:
+            return "cupti", ""
+        return "ncu", f"counted with Nsight Compute: the CUPTI self-test failed ({reason})"
 
     def _start_spares(self) -> None:
         """Start workers for later evaluations, up to ``settings.spare_workers`` waiting."""
@@ -567,6 +581,8 @@ class Judge:
         crashed = verdict.status is Status.RUNTIME_ERROR
         verdict = _with_memory_errors(verdict, sanitizers)
         if profile is not None:
+            if self.profile_note:
+                profile = replace(profile, note=self.profile_note)
             stages["profile"] = profile.seconds
             stages["profile_read"] = profile.read_seconds
             stages.update({f"profile_{k}": v for k, v in profile.call_seconds.items()})

@@ -107,6 +107,8 @@ class InstructionProfile:
     # What counted: "ncu" (Nsight Compute's instrumented run) or "cupti" (CUPTI's SASS metrics
     # in a run of ours, ptxgym.evaluate.count).
     method: str = "ncu"
+    # Why the method is not the one asked for (the judge fell back to Nsight Compute), or "".
+    note: str = ""
     thread_counts: dict[str, int] = field(default_factory=dict)
     warp_counts: dict[str, int] = field(default_factory=dict)
     kernels: tuple[KernelFacts, ...] = ()

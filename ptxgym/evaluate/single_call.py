@@ -131,12 +131,15 @@ class PendingCall:
         under_profiler: bool = False,
         lock_startup: bool = True,
         counter: Path | None = None,
+        exclusive: bool = True,
     ) -> None:
         """``under_profiler``: a run under Nsight Compute, which profiles its call only in its
         turn (``ptxgym.device.lock.profiler_turn``). ``lock_startup``: it makes its CUDA context
         holding the GPU shared (``ptxgym.evaluate.judge.JudgeSettings.lock_startups``).
         ``counter``: the CUPTI helper (``ptxgym.evaluate.cupti_helper``), with which the run
-        counts the executed SASS instructions of its call into ``COUNTS_FILE``."""
+        counts the executed SASS instructions of its call into ``COUNTS_FILE``. ``exclusive``:
+        the call holds the GPU alone; else shared, beside other shared holders and never beside
+        a timing (a count run: its counts do not depend on what else runs)."""
         self.folder = Path(tempfile.mkdtemp(prefix=prefix))
         self.device = device
         self._go = self.folder / "go"
@@ -160,6 +163,7 @@ class PendingCall:
             "counter": hand_library(str(counter), self.folder, "sass_counts.so")
             if counter
             else None,
+            "exclusive": exclusive,
         }
         spec_path = self.folder / "spec.json"
         spec_path.write_text(json.dumps(spec))
@@ -269,12 +273,12 @@ def run_job(spec_path: str) -> int:
     axes = {**task.definition.const_axes, **job["workload"]["axes"]}
     with seconds_into(seconds, "read"):  # before the GPU is held: only the copies need it
         data = {name: Path(job["inputs"][name]).read_bytes() for name in task.definition.inputs}
-    # The call has the GPU to itself. Nsight Compute and compute-sanitizer do not overlap well:
-    # on the H200, runs sharing the GPU made a step slower, not faster (docs/benchmarks.md,
-    # third session).
+    # The call has the GPU to itself, except a count run's (shared: its counts are exact beside
+    # others). Nsight Compute and compute-sanitizer do not overlap well: on the H200, runs
+    # sharing the GPU made a step slower, not faster (docs/benchmarks.md, third session).
     started = time.perf_counter()
     profiler_lock = Path(spec["profiler_lock"]) if spec["profiler_lock"] else None
-    with holding(gpu_lock) as waited, contextlib.ExitStack() as turn:
+    with holding(gpu_lock, exclusive=spec["exclusive"]) as waited, contextlib.ExitStack() as turn:
         # Said before any of the candidate's code is loaded, so the candidate cannot say it.
         Path(spec["taken"]).touch()
         if profiler_lock is not None:

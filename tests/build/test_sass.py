@@ -13,6 +13,7 @@ from ptxgym.build.result import CompileResult
 from ptxgym.build.sass import SassInventory, parse_sass
 from ptxgym.cli import main
 from ptxgym.evaluate.compile_only import CompileOnlyEvaluator
+from ptxgym.evaluate.count import SELF_TEST_KERNELS
 from ptxgym.feedback import render_feedback
 from ptxgym.languages.cuda.compiler import compile_source
 from ptxgym.outcome import Status
@@ -22,8 +23,8 @@ H100 = get_task("PTX-H100-GEMM")
 B200 = get_task("PTX-B200-GEMM")
 NAIVE_GEMM = paths.examples_dir() / "naive" / "gemm.cu"
 KERNELS = Path(__file__).parents[1] / "kernels"
-WGMMA_TMA = (KERNELS / "wgmma_tma.cu").read_text()
-WGMMA_NEVER_TAKEN = (KERNELS / "wgmma_never_taken.cu").read_text()
+WGMMA_TMA = (SELF_TEST_KERNELS / "wgmma_tma.cu").read_text()
+WGMMA_NEVER_TAKEN = (SELF_TEST_KERNELS / "wgmma_never_taken.cu").read_text()
 TCGEN05 = (KERNELS / "tcgen05.cu").read_text()
 
 

@@ -8,13 +8,14 @@ import ctypes
 import functools
 from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy
 import pytest
 
 from ptxgym import paths
 from ptxgym.build.sass import FunctionListing, flops_per_warp, target_addresses
-from ptxgym.evaluate import cupti_helper
+from ptxgym.evaluate import count, cupti_helper
 from ptxgym.evaluate.count import CountsRefused, PendingCount, counts_profile
 from ptxgym.evaluate.profile import InstructionProfile, with_coverage
 from ptxgym.evaluate.single_call import CallJob
@@ -184,3 +185,37 @@ def test_a_data_movement_family_qualifies_on_execution_alone() -> None:
     )
     assert profile.qualified is True
     assert replace(profile, families={"compute": True, "data_movement": False}).qualified is False
+
+
+def test_the_self_test_says_why_counting_cannot_be_trusted_here() -> None:
+    assert "Hopper kernels only" in (count.self_test(0, (10, 0)) or "")
+    # Here (no GPU) the kernels build, and counting them fails with the run's own words.
+    reason = count.self_test(0, (9, 0))
+    assert reason is not None and reason.startswith("counting wgmma_tma.cu failed")
+
+
+@pytest.mark.parametrize(
+    ("asked", "self_test", "method", "note"),
+    [
+        ("ncu", "never called", "ncu", ""),
+        ("cupti", None, "cupti", ""),
+        ("cupti", "no CUPTI", "ncu", "the CUPTI self-test failed (no CUPTI)"),
+    ],
+)
+def test_a_judge_counts_with_cupti_only_after_its_self_test_passed(
+    monkeypatch: pytest.MonkeyPatch, asked: str, self_test: str | None, method: str, note: str
+) -> None:
+    from ptxgym.evaluate import judge
+
+    def fake_self_test(device: int, capability: tuple[int, int]) -> str | None:
+        assert self_test != "never called" and capability == (9, 0)
+        return self_test
+
+    monkeypatch.setattr(judge, "count_self_test", fake_self_test)
+    stand_in = SimpleNamespace(
+        settings=judge.JudgeSettings(profile_method=asked),  # type: ignore[arg-type]
+        device=0,
+        device_info={"capability": [9, 0]},
+    )
+    chosen, why = judge.Judge._choose_profile_method(stand_in)  # type: ignore[arg-type]
+    assert chosen == method and note in why

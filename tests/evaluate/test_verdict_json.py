@@ -190,6 +190,7 @@ class _Random:
             self.flag(),
             self.text(),
             self.text(),
+            self.text(),
             self.mapping(self.count),
             self.mapping(self.count),
             self.several(

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from ptxgym import paths
 from ptxgym.env import PTXKernelEnv
+from ptxgym.evaluate.count import SELF_TEST_KERNELS
 from ptxgym.evaluate.judge import JudgeSettings
 from ptxgym.evaluate.local_gpu import LocalGPUEvaluator, incompatibility
 from ptxgym.evaluate.profile import InstructionProfile, profile_candidate
@@ -28,7 +28,6 @@ pytestmark = pytest.mark.gpu
 GEMM = get_task("PTX-H100-GEMM")
 WORKLOAD = {"axes": GEMM.workloads[0].axes, "sequences": {}}
 BLOCKS = GEMM.workloads[0].axes["M"] // 64  # the test kernels launch one warpgroup per 64 rows
-KERNELS = Path(__file__).parents[1] / "kernels"
 NAIVE_GEMM = (paths.examples_dir() / "naive" / "gemm.cu").read_text()
 SHORT = JudgeSettings(stage_timeout_s=60.0, warmup=2, iters=5, trials=3)
 
@@ -55,7 +54,7 @@ def _profile(source: str) -> InstructionProfile:
 
 
 def test_executed_wgmma_and_tma_are_counted() -> None:
-    result = _profile((KERNELS / "wgmma_tma.cu").read_text())
+    result = _profile((SELF_TEST_KERNELS / "wgmma_tma.cu").read_text())
     assert result.families == {"compute": True, "data_movement": True}
     assert result.qualified is True
     assert result.warp_counts["HGMMA"] == 4 * BLOCKS
@@ -74,7 +73,7 @@ def test_executed_wgmma_and_tma_are_counted() -> None:
 
 
 def test_wgmma_on_a_branch_never_taken_does_not_qualify() -> None:
-    source = (KERNELS / "wgmma_never_taken.cu").read_text()
+    source = (SELF_TEST_KERNELS / "wgmma_never_taken.cu").read_text()
     build = compile_source(source, GEMM)
     assert build.sass is not None and build.sass.families_present["compute"]
     result = _profile(source)

@@ -1,6 +1,7 @@
 // Test kernel: one TMA tile load and one wgmma (fence, mma, commit, wait) per warpgroup,
-// one warpgroup per block, M / 64 blocks. The math need not be right; it exists to be inspected
-// (tests/build/test_sass.py) and profiled (tests/gpu/test_gpu_profile.py).
+// one warpgroup per block, M / 64 blocks. The math need not be right; it exists to be counted:
+// by the judge's self-test of CUPTI counts (ptxgym.evaluate.count.self_test), and by the tests
+// (tests/build/test_sass.py, tests/gpu/test_gpu_profile.py, tests/gpu/test_gpu_count.py).
 #include "ptxgym_h100.cuh"
 
 __global__ void __launch_bounds__(128, 1)
