@@ -349,6 +349,12 @@ def main() -> None:
         "(JudgeSettings.exclusive_chain_s; 0: released after every hold, as before cb4f168)",
     )
     parser.add_argument(
+        "--profile-method",
+        choices=("ncu", "cupti"),
+        default=JudgeSettings.profile_method,
+        help="what counts the executed instructions (JudgeSettings.profile_method)",
+    )
+    parser.add_argument(
         "--level-evaluations",
         type=int,
         default=32,
@@ -365,6 +371,7 @@ def main() -> None:
         fork_workers=not args.spawn_workers,
         spare_profile_runs=args.spare_profile_runs,
         exclusive_chain_s=args.exclusive_chain_s,
+        profile_method=args.profile_method,
     )
     evaluator = LocalGPUEvaluator(settings=settings)
     results: dict[str, Any] = {
