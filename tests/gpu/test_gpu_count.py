@@ -182,3 +182,43 @@ def test_the_self_test_passes_on_this_gpu() -> None:
     from ptxgym.evaluate.count import self_test
 
     assert self_test(0, (9, 0)) is None
+
+
+CLUSTER_SMEM_BYTES = 224 * 1024  # per block: the kind of launch Nsight Compute's run failed on
+
+
+def _clustered_big_smem_gemm() -> str:
+    """The expert GEMM launched in clusters of two blocks, each asking for 224 KB of shared
+    memory (its pipeline uses 193 KB; the rest stands in for a deeper one)."""
+    source = (EXAMPLES / "expert" / "gemm.cu").read_text()
+    declaration = "__global__ void __launch_bounds__(kThreads, 1)\n    gemm_ws_kernel("
+    budget = "constexpr int kSmemBytes = kStages * (kStageBytesA + kStageBytesB) + 1024 + 256;"
+    assert declaration in source and budget in source
+    source = source.replace(
+        declaration,
+        "__global__ void __launch_bounds__(kThreads, 1) __cluster_dims__(2, 1, 1)\n"
+        "    gemm_ws_kernel(",
+    )
+    return source.replace(budget, f"constexpr int kSmemBytes = {CLUSTER_SMEM_BYTES};")
+
+
+def test_a_clustered_gemm_with_224_kb_of_shared_memory_gets_a_definite_verdict() -> None:
+    source = _clustered_big_smem_gemm()
+    build = compile_source(source, GEMM)
+    assert build.ok, build.log
+    counted = _count(GEMM, source)
+    assert counted.qualified is True
+    assert counted.coverage == pytest.approx(1.0, rel=1e-9)
+    settings = JudgeSettings(profile_method="cupti", memcheck=False)
+    env = PTXKernelEnv("PTX-H100-GEMM", evaluator=LocalGPUEvaluator(settings=settings))
+    env.reset()
+    try:
+        info = env.step(source)[4]
+    finally:
+        env.close()
+    assert info["status"] == "PASSED", info["feedback"]
+    assert info["outcome"]["qualified"] is True
+    # What Nsight Compute makes of the same call, for the record (it failed on such launches).
+    workload, inputs = _inputs(GEMM.id)
+    profiled = profile_candidate(GEMM, build.library or "", workload, inputs, device=0)
+    print(f"ncu on the clustered 224-KB GEMM: ok={profiled.ok} {profiled.reason[:200]}")
