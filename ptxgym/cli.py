@@ -116,6 +116,13 @@ def _parser() -> argparse.ArgumentParser:
                 help="the profile also measures throughput and occupancy (slower; ncu only)",
             )
             command.add_argument(
+                "--timing",
+                choices=("cupti", "host-sync"),
+                default="cupti",
+                help="device time through CUPTI (the default; refused where CUPTI is missing), "
+                "or the host's wall clock to a device synchronisation",
+            )
+            command.add_argument(
                 "--profile-method",
                 choices=("ncu", "cupti"),
                 default="ncu",
@@ -282,6 +289,7 @@ def _eval(args: argparse.Namespace) -> int:
         profile=not args.no_profile,
         profile_details=args.profile_details,
         profile_method=args.profile_method,
+        timing_method=args.timing,
     )
     try:
         return _report_candidate(args, LocalGPUEvaluator(settings=settings), success=Status.PASSED)

@@ -50,6 +50,7 @@ from ptxgym.evaluate.timing import (
     WARMUP_CALLS,
     CallSchedule,
     Timer,
+    TimingMethod,
     WorkloadTiming,
 )
 from ptxgym.evaluate.tool_runs import PendingRun, ProfileMethod, ToolKind, ToolRuns
@@ -93,6 +94,10 @@ class JudgeSettings:
     """
 
     stage_timeout_s: float = 300.0
+    # How candidates and baselines are timed: "cupti" (device time of every kernel, copy and
+    # memset the call launches; the judge refuses to start without it) or, only when asked for,
+    # "host-sync" (host wall time to a device synchronisation, launch overhead included).
+    timing_method: TimingMethod = "cupti"
     # How long one call may keep the worker from its next message while the judge holds the GPU
     # alone: max(call_timeout_floor_s, call_timeout_ratio x the library's latency on that
     # workload), and never beyond the stage's deadline. A kernel that hangs then costs seconds
@@ -260,8 +265,11 @@ def worker_context(fork: bool) -> multiprocessing.context.BaseContext:
 class _Worker:
     """A started worker process waiting for its one job."""
 
-    def __init__(self, context: Any, device: int, folder: Path, lock_startup: bool) -> None:
-        """``lock_startup``: the worker makes its CUDA context holding the GPU shared."""
+    def __init__(
+        self, context: Any, device: int, folder: Path, lock_startup: bool, use_cupti: bool
+    ) -> None:
+        """``lock_startup``: the worker makes its CUDA context holding the GPU shared.
+        ``use_cupti``: it times with CUPTI (else host wall time, only when asked for)."""
         folder.mkdir(parents=True, exist_ok=True)
         name = f"worker-{secrets.token_hex(4)}"
         # The log sits outside the worker's own folder, which it may write (and is removed).
@@ -273,6 +281,7 @@ class _Worker:
             args=(
                 *(child, device, str(self.log_path), str(self.home)),
                 str(lock_path(device)) if lock_startup else None,
+                use_cupti,
             ),
             daemon=True,
         )
@@ -317,6 +326,11 @@ class _Timeout(Exception):
     pass
 
 
+class TimingUnavailable(RuntimeError):
+    """The timing method the settings ask for cannot run here: the judge does not start rather
+    than time otherwise unasked."""
+
+
 class WorkerStartError(RuntimeError):
     """Workers cannot start on this host (a broken CUDA set-up, a confinement the platform
     refuses): no candidate can be evaluated, so the request fails with the worker's own words."""
@@ -345,7 +359,13 @@ class Judge:
         sys.setswitchinterval(_SWITCH_INTERVAL_S)
         with shared_gpu(device):  # a context made beside a timing moves it (ptxgym.device.lock)
             make_context(device)
-            self.timer = Timer()
+            self.timer = Timer(use_cupti=settings.timing_method == "cupti")
+        if settings.timing_method == "cupti" and self.timer.cupti is None:
+            raise TimingUnavailable(
+                "CUPTI cannot time on this host (install cupti-python of CUDA's major version: "
+                "pip install 'ptxgym[gpu]'); to time with the host's wall clock instead, which "
+                "includes launch overhead, ask for it: JudgeSettings(timing_method='host-sync')"
+            )
         self.context = worker_context(settings.fork_workers)
         self.folder = Path(tempfile.mkdtemp(prefix="ptxgym-judge-"))
         # Least recently used first; evicted beyond settings.state_budget_bytes.
@@ -402,7 +422,13 @@ class Judge:
             with self._mutex:
                 if len(self.spares) >= self.settings.spare_workers:
                     return
-            worker = _Worker(self.context, self.device, self.folder, self.settings.lock_startups)
+            worker = _Worker(
+                self.context,
+                self.device,
+                self.folder,
+                self.settings.lock_startups,
+                self.settings.timing_method == "cupti",
+            )
             with self._mutex:
                 self.spares.append(worker)
 
@@ -410,12 +436,24 @@ class Judge:
         with self._mutex:
             worker = self.spares.pop(0) if self.spares else None
         if worker is None:
-            worker = _Worker(self.context, self.device, self.folder, self.settings.lock_startups)
+            worker = _Worker(
+                self.context,
+                self.device,
+                self.folder,
+                self.settings.lock_startups,
+                self.settings.timing_method == "cupti",
+            )
         try:
             worker.wait_ready(_WORKER_START_TIMEOUT_S)
         except (channel.ChannelError, _Timeout, EOFError, OSError):
             worker.kill()
-            worker = _Worker(self.context, self.device, self.folder, self.settings.lock_startups)
+            worker = _Worker(
+                self.context,
+                self.device,
+                self.folder,
+                self.settings.lock_startups,
+                self.settings.timing_method == "cupti",
+            )
             try:
                 worker.wait_ready(_WORKER_START_TIMEOUT_S)
             except (channel.ChannelError, _Timeout, EOFError, OSError) as exc:

@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 WARMUP_CALLS = 10
 TIMED_CALLS = 50
@@ -42,7 +42,8 @@ HOST_ALLOWANCE_RATIO = 1.0
 TIMING_PHASES = ("prepare", "flush", "calls", "messages", "cupti")
 # How a measurement timed the calls (``TimingResult.method``): CUPTI's device records, or the
 # host's clock up to a device-wide synchronisation.
-TIMING_METHODS = ("cupti", "host-sync")
+TimingMethod = Literal["cupti", "host-sync"]
+TIMING_METHODS: tuple[TimingMethod, ...] = ("cupti", "host-sync")
 
 
 @dataclass(frozen=True)

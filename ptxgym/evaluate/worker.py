@@ -153,11 +153,16 @@ def error_name(code: int) -> str:
 
 
 def worker_main(
-    conn: Connection, device: int, log_path: str, home: str, startup_lock: str | None
+    conn: Connection,
+    device: int,
+    log_path: str,
+    home: str,
+    startup_lock: str | None,
+    use_cupti: bool = True,
 ) -> None:
     """Process entry: set up, report ready, serve one job, exit. ``startup_lock``: the GPU
     lock's file, held shared while the CUDA context is made (``ptxgym.device.lock.startup_hold``;
-    None: made without the lock)."""
+    None: made without the lock). ``use_cupti``: time with CUPTI (the judge's settings)."""
     log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     os.dup2(log, 1)
     os.dup2(log, 2)
@@ -173,7 +178,7 @@ def worker_main(
     initialize_driver()  # outside the lock: loading the driver puts nothing on the GPU
     with startup_hold(Path(startup_lock) if startup_lock else None):
         make_context(device)
-        timer = Timer()
+        timer = Timer(use_cupti=use_cupti)
     # CUDA, torch and CUPTI are up: from here on no new processes, no signals to others, no sockets
     # but the judge's kind (ptxgym.sandbox.seccomp), for the candidate's code and ours alike.
     isolation["system_calls_filtered"] = seal(network=False)

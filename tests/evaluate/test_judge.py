@@ -80,7 +80,9 @@ def test_only_the_end_of_a_huge_worker_log_is_read(tmp_path: Path) -> None:
     assert len(tail) <= 2000
 
 
-def _broken_worker(conn: object, device: int, log_path: str, home: str, gpu_lock: str) -> None:
+def _broken_worker(
+    conn: object, device: int, log_path: str, home: str, gpu_lock: str, use_cupti: bool
+) -> None:
     """Stands in for ``worker_main`` on a host where CUDA cannot start in the worker."""
     import os
 
