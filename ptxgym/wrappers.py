@@ -232,6 +232,9 @@ class TrajectoryRecorder(gym.Wrapper[str, str, str, str]):
         self.run = run
         self.agent = agent
         self.trajectory: int | None = None
+        # What the agent's model said of the next action (ptxgym.agents.Reply.generation):
+        # written into the next step's record, then cleared.
+        self.generation: dict[str, Any] = {}
         self._last_trajectory = -1
         self._versions: dict[str, str] | None = None
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -265,6 +268,7 @@ class TrajectoryRecorder(gym.Wrapper[str, str, str, str]):
         if self.trajectory is None:  # a step with no reset before it starts trajectory 0
             self.trajectory = self._last_trajectory = self._next_index()
         record = self._record(info, float(reward), seconds)
+        self.generation = {}
         _append_line(self.path, record.to_json() + "\n")
         return observation, reward, terminated, truncated, info
 
@@ -296,6 +300,7 @@ class TrajectoryRecorder(gym.Wrapper[str, str, str, str]):
             versions=dict(self.versions),
             timestamp=datetime.now(UTC).isoformat(timespec="milliseconds"),
             outcome=outcome,
+            generation=dict(self.generation),
         )
 
 

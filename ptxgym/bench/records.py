@@ -45,6 +45,9 @@ class TurnRecord:
     versions: dict[str, str] = field(default_factory=dict)
     timestamp: str = ""
     outcome: dict[str, Any] = field(default_factory=dict)
+    # How the agent's model produced the action, when a model did (ptxgym.agents): the reply in
+    # full, the model, prompt and completion tokens, seconds, finish reason, attempts.
+    generation: dict[str, Any] = field(default_factory=dict)
     schema: int = SCHEMA_VERSION
 
     @property
