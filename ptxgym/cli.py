@@ -11,14 +11,14 @@ import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from ptxgym import paths
 from ptxgym.bench import report
 from ptxgym.bench.records import TurnRecord, read_records
-from ptxgym.bench.report import FORMATS
+from ptxgym.bench.report import CSV_TABLES, FORMATS
 from ptxgym.build.result import CompilerUnavailable
 from ptxgym.evaluate.compile_only import CompileOnlyEvaluator
 from ptxgym.evaluate.evaluator import EVALUATORS, Evaluator
@@ -28,6 +28,9 @@ from ptxgym.outcome import Outcome, Status
 from ptxgym.prompt import PROMPT_VARIANTS, build_prompt
 from ptxgym.tasks import Task, get_task, registry
 from ptxgym.tasks.packs import KNOWLEDGE_LEVELS
+
+if TYPE_CHECKING:
+    from ptxgym.agents.base import Agent
 
 
 class UnavailableError(Exception):
@@ -152,15 +155,58 @@ def _parser() -> argparse.ArgumentParser:
     )
     runner.add_argument("--trajectories", type=int, default=1, metavar="N", help="per variant")
     runner.add_argument("--turns", type=int, default=8, metavar="T", help="steps per trajectory")
-    runner.add_argument("--knowledge", choices=KNOWLEDGE_LEVELS, default="full")
+    runner.add_argument(
+        "--knowledge",
+        default="full",
+        metavar="LEVEL[,LEVEL...]",
+        help=f"knowledge pack levels ({', '.join(KNOWLEDGE_LEVELS)}); several run the ablation "
+        "grid, one plan per level",
+    )
     runner.add_argument("--evaluator", choices=EVALUATORS, default="auto")
-    runner.add_argument("--agent", choices=["scripted"], default="scripted")
+    runner.add_argument("--agent", choices=["scripted", "openai"], default="scripted")
+    runner.add_argument(
+        "--concurrency",
+        type=int,
+        default=1,
+        metavar="C",
+        help="episodes under way at once (a model's replies overlap other episodes' evaluation)",
+    )
     runner.add_argument(
         "--files",
         nargs="+",
         type=Path,
         metavar="FILE",
         help="scripted agent: the file to submit at each turn (the last one repeats)",
+    )
+    chat = runner.add_argument_group("openai agent (any OpenAI-compatible chat endpoint)")
+    chat.add_argument("--model", help="the model's name at the endpoint")
+    chat.add_argument("--base-url", help="e.g. http://localhost:8000/v1 (default: OpenAI's)")
+    chat.add_argument(
+        "--api-key-env",
+        default="OPENAI_API_KEY",
+        metavar="VAR",
+        help="the environment variable holding the key (default OPENAI_API_KEY)",
+    )
+    chat.add_argument("--system", help="a system message before the prompt")
+    chat.add_argument("--temperature", type=float)
+    chat.add_argument("--top-p", type=float)
+    chat.add_argument("--max-tokens", type=int, help="per reply (max_completion_tokens)")
+    chat.add_argument("--seed", type=int)
+    chat.add_argument("--reasoning-effort", help="passed through (e.g. low, medium, high)")
+    chat.add_argument(
+        "--context-tokens",
+        type=int,
+        help="the model's context window: older replies, then older feedback, are cut to fit",
+    )
+    chat.add_argument("--timeout", type=float, default=600.0, metavar="S", help="per request")
+    chat.add_argument(
+        "--max-retries",
+        type=int,
+        default=5,
+        help="retries with backoff on rate limits, server errors, timeouts (default 5)",
+    )
+    chat.add_argument(
+        "--extra-body", type=json.loads, default={}, metavar="JSON", help="extra request fields"
     )
     runner.add_argument(
         "--out", required=True, type=Path, metavar="RUN.jsonl", help="records (appended)"
@@ -173,11 +219,18 @@ def _parser() -> argparse.ArgumentParser:
     runner.set_defaults(handler=_run)
 
     reporting = commands.add_parser(
-        "report", help="the per-task metrics table of recorded runs, and the Fast_p plot"
+        "report",
+        help="the per-model and per-task metrics tables of recorded runs, and the Fast_p plot",
     )
     reporting.add_argument("runs", nargs="+", type=Path, metavar="RUN.jsonl")
     reporting.add_argument("--plot", type=Path, metavar="FILE.png", help="save the Fast_p plot")
     reporting.add_argument("--format", choices=FORMATS, default="md")
+    reporting.add_argument(
+        "--csv-table",
+        choices=CSV_TABLES,
+        default="tasks",
+        help="the table that --format csv prints, one per CSV (default: tasks)",
+    )
     reporting.add_argument(
         "--p",
         type=float,
@@ -338,7 +391,8 @@ def _baseline(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from ptxgym.bench.runner import RunPlan, ScriptedAgent, run
+    from ptxgym.agents.base import AgentError
+    from ptxgym.bench.runner import RunPlan, run
 
     if args.tasks.strip() == "all":
         tasks = tuple(task.id for task in _sorted_tasks())
@@ -348,20 +402,23 @@ def _run(args: argparse.Namespace) -> int:
         variants = tuple(int(part) for part in args.variants.split(","))
     except ValueError:
         raise ValueError(f"--variants takes numbers such as 0,1,2, not {args.variants!r}") from None
-    if not args.files:
-        raise ValueError("the scripted agent needs --files")
-    plan = RunPlan(
-        name=args.name or args.out.stem,
-        tasks=tasks,
-        variants=variants,
-        trajectories=args.trajectories,
-        turns=args.turns,
-        knowledge=args.knowledge,
-        evaluator=args.evaluator,
-    )
-    agent = ScriptedAgent(args.files)
+    levels = tuple(part.strip() for part in args.knowledge.split(",") if part.strip())
+    plans = [
+        RunPlan(
+            name=args.name or args.out.stem,
+            tasks=tasks,
+            variants=variants,
+            trajectories=args.trajectories,
+            turns=args.turns,
+            knowledge=level,
+            evaluator=args.evaluator,
+        )
+        for level in levels
+    ]
+    agent = _agent(args)
     try:
-        run(plan, agent, args.out, progress=not args.no_progress)
+        for plan in plans:
+            run(plan, agent, args.out, progress=not args.no_progress, concurrency=args.concurrency)
     except KeyboardInterrupt:
         print(
             f"\nptxgym: interrupted; every finished turn is in {args.out}: run the same command "
@@ -369,13 +426,71 @@ def _run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 130
+    except AgentError as exc:
+        raise UnavailableError(
+            f"the agent stopped: {exc}. Every finished turn is in {args.out}: run the same "
+            "command again to resume"
+        ) from exc
+    finally:
+        close = getattr(agent, "close", None)
+        if close is not None:
+            close()
     print(report.report([args.out]), end="")
-    print(f"Records: {args.out} (run {plan.name!r}).")
+    print(f"Records: {args.out} (run {plans[0].name!r}).")
+    if summary := _token_summary(args.out, plans[0].name):
+        print(summary)
     return 0
 
 
+def _agent(args: argparse.Namespace) -> Agent:
+    """The agent the arguments name, checked before anything runs."""
+    from ptxgym.agents.openai_chat import ChatSettings, OpenAIAgent
+    from ptxgym.agents.scripted import ScriptedAgent
+
+    if args.agent == "scripted":
+        if not args.files:
+            raise ValueError("the scripted agent needs --files")
+        return ScriptedAgent(args.files)
+    if not args.model:
+        raise ValueError("the openai agent needs --model")
+    settings = ChatSettings(
+        model=args.model,
+        base_url=args.base_url,
+        api_key_env=args.api_key_env,
+        system=args.system,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        max_tokens=args.max_tokens,
+        seed=args.seed,
+        reasoning_effort=args.reasoning_effort,
+        context_tokens=args.context_tokens,
+        timeout_s=args.timeout,
+        max_retries=args.max_retries,
+        extra_body=args.extra_body,
+    )
+    return OpenAIAgent(settings)
+
+
+def _token_summary(out: Path, name: str) -> str:
+    """The model's use over the run's records: requests, tokens, seconds ("" for agents
+    without a model)."""
+    generated = [r.generation for r in read_records(out) if r.run == name and r.generation]
+    if not generated:
+        return ""
+    prompt = sum(g.get("prompt_tokens") or 0 for g in generated)
+    completion = sum(g.get("completion_tokens") or 0 for g in generated)
+    seconds = sum(g.get("seconds") or 0.0 for g in generated)
+    return (
+        f"Model use: {len(generated)} replies, {prompt:,} prompt and {completion:,} completion "
+        f"tokens, {seconds:.1f} s waiting for replies."
+    )
+
+
 def _report(args: argparse.Namespace) -> int:
-    print(report.report(args.runs, fmt=args.format, ps=args.p, plot=args.plot), end="")
+    text = report.report(
+        args.runs, fmt=args.format, ps=args.p, plot=args.plot, csv_table=args.csv_table
+    )
+    print(text, end="")
     if args.plot is not None:
         print(f"Plot: {args.plot}", file=sys.stderr)
     return 0
@@ -384,7 +499,8 @@ def _report(args: argparse.Namespace) -> int:
 def _demo(args: argparse.Namespace) -> int:
     import warnings
 
-    from ptxgym.bench.runner import RunPlan, ScriptedAgent, run
+    from ptxgym.agents.scripted import ScriptedAgent
+    from ptxgym.bench.runner import RunPlan, run
     from ptxgym.device.gpus import visible_gpus
 
     manifest = paths.examples_dir() / "manifest.yaml"

@@ -133,7 +133,9 @@ class PTXKernelEnv(gym.Env[str, str]):
         self.prompt = build_prompt(
             self.task, variant=prompt_variant, knowledge=knowledge, language=self.language.name
         )
-        self._closing = (
+        # The line that ends the observation while turns remain (and each user message of
+        # ptxgym.wrappers.ChatMessages).
+        self.closing = (
             f"Write the next version of the kernel: reply with one ```{self.language.fence} block."
         )
         self.observation_space = SourceText(MAX_OBSERVATION_CHARS)
@@ -229,7 +231,7 @@ class PTXKernelEnv(gym.Env[str, str]):
         return self._observation
 
     def _compose_observation(self) -> str:
-        closing = [] if self._turn >= self.turns else [self._closing]
+        closing = [] if self._turn >= self.turns else [self.closing]
         parts = [self.prompt.text, *self._records, *closing]
         text = "\n\n".join(parts)
         if len(text) > MAX_OBSERVATION_CHARS:

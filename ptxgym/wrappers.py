@@ -8,6 +8,8 @@
   file and syncs it to disk before the step returns, so a crash loses nothing.
 - :func:`export_flashinfer` turns records into a FlashInfer-Trace dataset; :func:`repair_pairs`
   and :func:`write_repair_dataset` turn them into failure→repair training pairs.
+- :class:`ChatMessages` keeps the conversation as chat messages (``info["messages"]``) for
+  trainers that apply chat templates; see docs/chat.md.
 
 See docs/metrics.md.
 """
@@ -26,7 +28,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, SupportsFloat
+from typing import Any, Literal, SupportsFloat, TypedDict
 
 import gymnasium as gym
 
@@ -50,6 +52,8 @@ from ptxgym.outcome import Outcome, Status
 from ptxgym.tasks import Task, get_task
 
 __all__ = [
+    "ChatMessage",
+    "ChatMessages",
     "FastP",
     "TrajectoryRecorder",
     "episode_metrics",
@@ -529,3 +533,112 @@ def export_flashinfer(records: Iterable[TurnRecord], out_dir: str | os.PathLike[
         traces_path.write_text("".join(lines), encoding="utf-8")
         written.append(traces_path)
     return written
+
+
+# --------------------------------------------------------------------------------------------
+# Chat messages
+
+
+class ChatMessage(TypedDict):
+    """One message of a chat conversation, as chat templates (and OpenAI-style APIs) take it."""
+
+    role: Literal["system", "user", "assistant"]
+    content: str
+
+
+class ChatMessages(gym.Wrapper[str, str, str, str]):
+    """Keeps the episode as chat messages beside the flat observation, which is unchanged.
+
+    After ``reset``, ``info["messages"]`` is ``[{"role": "user", "content": prompt}]``, preceded
+    by ``{"role": "system", "content": system}`` when ``system`` is given. Each ``step(action)``
+    appends ``{"role": "assistant", "content": action}`` (the reply exactly as sent) and
+    ``{"role": "user", "content": feedback}``: the step's ``info["feedback"]``, followed by the
+    env's closing instruction (after a blank line) while turns remain — the text the flat
+    observation appends for the turn, without its ``## Turn`` header, the echoed kernel and the
+    ``Feedback:`` label. Every ``info["messages"]`` and :attr:`messages` is a fresh copy, and the
+    messages do not depend on ``history`` (it shapes only the flat observation). To restore an
+    episode, call this wrapper's :meth:`resume`, not the env's. See docs/chat.md.
+    """
+
+    def __init__(self, env: gym.Env[str, str], *, system: str | None = None) -> None:
+        super().__init__(env)
+        unwrapped = env.unwrapped
+        if not isinstance(unwrapped, PTXKernelEnv):
+            raise TypeError(f"ChatMessages needs a ptxgym env, not {type(unwrapped)}")
+        if system is not None and not isinstance(system, str):
+            raise TypeError(f"system must be a str or None, not {type(system).__name__}")
+        self._ptx = unwrapped
+        self.system = system
+        self._messages: list[ChatMessage] = []
+        self._turn = 0
+        self._start()  # a step with no reset before it continues the env's fresh episode
+
+    @property
+    def messages(self) -> list[ChatMessage]:
+        """The conversation so far: a copy, so a caller may change it freely."""
+        return [message.copy() for message in self._messages]
+
+    def _start(self) -> None:
+        self._messages = []
+        if self.system is not None:
+            self._messages.append({"role": "system", "content": self.system})
+        self._messages.append({"role": "user", "content": self._ptx.prompt.text})
+        self._turn = 0
+
+    def _user_message(self, turn: int, feedback: str) -> ChatMessage:
+        """The feedback of ``turn`` as the env shows it next: with the closing line (the env's
+        own text) while turns remain, as in :meth:`PTXKernelEnv._compose_observation`."""
+        closing = [self._ptx.closing] if turn < self._ptx.turns else []
+        return {"role": "user", "content": "\n\n".join([feedback, *closing])}
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[str, dict[str, Any]]:
+        observation, info = self.env.reset(seed=seed, options=options)
+        self._start()
+        return observation, {**info, "messages": self.messages}
+
+    def step(self, action: str) -> tuple[str, SupportsFloat, bool, bool, dict[str, Any]]:
+        observation, reward, terminated, truncated, info = self.env.step(action)
+        turn = int(info["turn"])
+        if turn != self._turn + 1:
+            raise RuntimeError(
+                f"the env is at turn {turn} but ChatMessages holds {self._turn} turns: it was "
+                "stepped or resumed behind this wrapper (resume through ChatMessages.resume)"
+            )
+        self._turn = turn
+        self._messages.append({"role": "assistant", "content": action})
+        self._messages.append(self._user_message(turn, info["feedback"]))
+        return observation, reward, terminated, truncated, {**info, "messages": self.messages}
+
+    def resume(
+        self,
+        history: Sequence[tuple[str | None, str]],
+        replies: Sequence[str] | None = None,
+    ) -> str:
+        """:meth:`PTXKernelEnv.resume` through this wrapper, rebuilding the messages too.
+
+        ``history`` is what the env's ``resume`` takes: each turn's extracted source and its
+        feedback. The user messages are rebuilt exactly. The assistant messages are the replies
+        the agent sent, which ``history`` does not hold: pass them as ``replies`` (one per turn)
+        to mirror the episode exactly; without them each is rebuilt as the extracted source in
+        one code block (what the prompt asks for), or ``""`` for a turn whose reply held no
+        code. Call right after ``reset``; returns the restored flat observation.
+        """
+        if replies is not None and len(replies) != len(history):
+            raise ValueError(f"{len(replies)} replies for {len(history)} recorded turns")
+        if self._turn != 0:
+            raise RuntimeError("resume() must follow reset()")
+        observation = self._ptx.resume(history)
+        fence = self._ptx.language.fence
+        for turn, (source, feedback) in enumerate(history, 1):
+            if replies is not None:
+                reply = replies[turn - 1]
+            elif source is None:
+                reply = ""
+            else:
+                reply = f"```{fence}\n{source.rstrip()}\n```"
+            self._messages.append({"role": "assistant", "content": reply})
+            self._messages.append(self._user_message(turn, feedback))
+        self._turn = len(history)
+        return observation

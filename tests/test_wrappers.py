@@ -1,4 +1,5 @@
-"""FastP and TrajectoryRecorder over the env, and the exports built from trajectory records.
+"""FastP, TrajectoryRecorder and ChatMessages over the env, and the exports built from trajectory
+records.
 
 Most tests drive the real env with a scripted evaluator that returns crafted outcomes (no GPU,
 no nvcc); the ``nvcc`` tests take real compile-only steps.
@@ -6,6 +7,8 @@ no nvcc); the ``nvcc`` tests take real compile-only steps.
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import json
 import math
 from collections.abc import Sequence
@@ -28,6 +31,8 @@ from ptxgym.interop import flashinfer_trace as trace
 from ptxgym.outcome import Outcome, Status
 from ptxgym.tasks import Task, get_task
 from ptxgym.wrappers import (
+    ChatMessage,
+    ChatMessages,
     FastP,
     TrajectoryRecorder,
     export_flashinfer,
@@ -545,3 +550,217 @@ def test_real_steps_recorded_and_exported(tmp_path: Path) -> None:
     assert record.evaluation.status == "RUNTIME_ERROR"  # built, never run (docs/trace.md)
     assert record.evaluation.log.startswith("ptxgym_status: COMPILED")
     env.close()
+
+
+# --------------------------------------------------------------------------------------------
+# ChatMessages
+
+SYSTEM = "You write fast CUDA kernels."
+# Real chat templates, copied from model repositories: ChatML as Qwen2 writes it (system
+# allowed), and Mistral-7B-Instruct-v0.1's, which raises unless roles alternate user/assistant.
+CHATML = (
+    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
+    "{{ '<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n' }}{% endif %}"
+    "{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+MISTRAL = (
+    "{{ bos_token }}{% for message in messages %}"
+    "{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+    "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}"
+    "{% endif %}{% if message['role'] == 'user' %}{{ '[INST] ' + message['content'] + ' [/INST]' }}"
+    "{% elif message['role'] == 'assistant' %}{{ message['content'] + eos_token}}"
+    "{% else %}{{ raise_exception('Only user and assistant roles are supported!') }}"
+    "{% endif %}{% endfor %}"
+)
+
+
+def ptx(env: gym.Env[str, str]) -> PTXKernelEnv:
+    unwrapped = env.unwrapped
+    assert isinstance(unwrapped, PTXKernelEnv)
+    return unwrapped
+
+
+def roles(messages: Sequence[ChatMessage]) -> list[str]:
+    return [message["role"] for message in messages]
+
+
+def test_chat_messages_after_reset() -> None:
+    env = ChatMessages(make_env([]))
+    observation, info = env.reset(seed=0)
+    assert info["messages"] == [{"role": "user", "content": observation}]
+    assert observation == ptx(env).prompt.text
+    assert env.messages == info["messages"]
+    assert info["turn"] == 0  # the env's own keys are kept
+
+
+def test_chat_messages_system_message() -> None:
+    env = ChatMessages(make_env([WRONG], turns=1), system=SYSTEM)
+    observation, info = env.reset()
+    assert info["messages"] == [
+        {"role": "system", "content": SYSTEM},
+        {"role": "user", "content": observation},
+    ]
+    info = env.step(kernel(0))[4]
+    assert roles(info["messages"]) == ["system", "user", "assistant", "user"]
+    assert info["messages"][0] == {"role": "system", "content": SYSTEM}
+
+
+@pytest.mark.parametrize("history", ["full", "feedback-only"])
+def test_chat_user_message_is_the_tail_of_the_observation(history: str) -> None:
+    env = ChatMessages(make_env([WRONG, PLAIN], turns=2, history=history))
+    closing = "\n\n" + ptx(env).closing
+    before, _ = env.reset()
+    for n in range(2):
+        action = f"My attempt {n}:\n```cuda\n{kernel(n)}```\nDone."
+        observation, _, _, truncated, info = env.step(action)
+        assistant, user = info["messages"][-2:]
+        assert assistant == {"role": "assistant", "content": action}  # the reply as sent
+        assert user["role"] == "user"
+        assert info["feedback"] in user["content"] and "Your kernel:" not in user["content"]
+        # The flat observation is the one before, less its closing line, plus the new turn.
+        kept = before.removesuffix(closing)
+        assert observation.startswith(kept)
+        new_part = observation[len(kept) :]
+        assert new_part.endswith(user["content"])
+        assert (kernel(n).rstrip() in new_part) == (history == "full")
+        header = f"\n\n## Turn {n + 1}\n\nFeedback:\n\n"
+        if history == "feedback-only":  # then the user message is all the turn adds
+            assert new_part == header + user["content"]
+        expected = info["feedback"] if truncated else info["feedback"] + closing
+        assert user["content"] == expected
+        before = observation
+    assert roles(env.messages) == ["user", "assistant", "user", "assistant", "user"]
+
+
+def test_chat_messages_are_copies() -> None:
+    env = ChatMessages(make_env([WRONG, WRONG], turns=2), system=SYSTEM)
+    info = env.reset()[1]
+    info["messages"][0]["content"] = "changed"
+    info["messages"].append({"role": "assistant", "content": "injected"})
+    env.messages[1]["content"] = "changed too"
+    assert env.messages == [
+        {"role": "system", "content": SYSTEM},
+        {"role": "user", "content": ptx(env).prompt.text},
+    ]
+    first = env.step(kernel(0))[4]["messages"]
+    first[-1]["content"] = ""
+    second = env.step(kernel(1))[4]["messages"]
+    assert second[:4] == env.messages[:4] and second[3]["content"] != ""
+    assert second is not env.messages and len(second) == 6
+
+
+def test_chat_messages_through_gym_make_and_reset() -> None:
+    evaluator = ScriptedEvaluator([WRONG, PLAIN, QUALIFIED_FAST])
+    env = ChatMessages(gym.make(GEMM, turns=2, max_episode_steps=2, evaluator=evaluator))
+    env.reset(seed=0)
+    env.step(kernel(0))
+    *_, truncated, info = env.step(kernel(1))
+    assert truncated and len(info["messages"]) == 5
+    assert info["messages"][-1]["content"] == info["feedback"]  # no turns remain: no closing
+    info = env.reset()[1]  # a new episode starts a new conversation
+    assert roles(info["messages"]) == ["user"]
+    assert roles(env.step(kernel(2))[4]["messages"]) == ["user", "assistant", "user"]
+    env.close()
+
+
+def test_chat_messages_step_before_reset() -> None:
+    env = ChatMessages(make_env([WRONG]))
+    info = env.step(kernel(0))[4]
+    assert roles(info["messages"]) == ["user", "assistant", "user"]
+    assert info["messages"][0]["content"] == ptx(env).prompt.text
+
+
+def test_chat_messages_needs_a_ptxgym_env() -> None:
+    with pytest.raises(TypeError, match="ptxgym env"):
+        ChatMessages(gym.make("CartPole-v1"))
+
+
+def test_chat_messages_resume() -> None:
+    live = ChatMessages(make_env([WRONG, PLAIN], turns=3), system=SYSTEM)
+    live.reset()
+    replies = ["no code in this reply", f"Here:\n```cuda\n{kernel(1)}```"]
+    infos = [live.step(reply)[4] for reply in replies]
+    history = [(info["source"], info["feedback"]) for info in infos]
+
+    restored = ChatMessages(make_env([], turns=3), system=SYSTEM)
+    restored.reset()
+    assert restored.resume(history, replies) == ptx(live)._compose_observation()
+    assert restored.messages == live.messages
+
+    rebuilt = ChatMessages(make_env([], turns=3), system=SYSTEM)
+    rebuilt.reset()
+    rebuilt.resume(history)  # without the replies, they are rebuilt from the sources
+    assistant = [m["content"] for m in rebuilt.messages if m["role"] == "assistant"]
+    assert assistant == ["", f"```cuda\n{kernel(1).rstrip()}\n```"]
+    assert [m for m in rebuilt.messages if m["role"] != "assistant"] == [
+        m for m in live.messages if m["role"] != "assistant"
+    ]
+    with pytest.raises(RuntimeError, match="follow reset"):
+        rebuilt.resume(history)
+    with pytest.raises(ValueError, match="replies"):
+        restored.reset()
+        restored.resume(history, replies[:1])
+
+
+def test_chat_messages_refuse_a_resume_behind_them() -> None:
+    env = ChatMessages(make_env([WRONG], turns=3))
+    env.reset()
+    ptx(env).resume([(None, "Status: FORMAT_ERROR: no code")])  # not through the wrapper
+    with pytest.raises(RuntimeError, match="behind this wrapper"):
+        env.step(kernel(0))
+
+
+@pytest.mark.nvcc
+def test_chat_messages_real_steps() -> None:
+    env = ChatMessages(gym.make(GEMM, turns=3, max_episode_steps=3, evaluator="compile-only"))
+    observation, info = env.reset(seed=0)
+    assert info["messages"] == [{"role": "user", "content": observation}]
+    no_code = "I will think about it first."
+    first = env.step(no_code)[4]
+    assert first["status"] == "FORMAT_ERROR"
+    reply = f"The naive kernel:\n\n```cuda\n{NAIVE_GEMM}```\n"
+    observation, *_, second = env.step(reply)
+    assert second["status"] == "COMPILED"
+    closing = "\n\n" + ptx(env).closing
+    assert second["messages"] == [
+        {"role": "user", "content": ptx(env).prompt.text},
+        {"role": "assistant", "content": no_code},
+        {"role": "user", "content": first["feedback"] + closing},
+        {"role": "assistant", "content": reply},
+        {"role": "user", "content": second["feedback"] + closing},
+    ]
+    assert "Status: FORMAT_ERROR" in second["messages"][2]["content"]
+    assert "Status: COMPILED" in second["messages"][4]["content"]
+    assert observation.endswith(second["messages"][4]["content"])
+    assert NAIVE_GEMM.rstrip() in observation  # history="full": the flat text echoes the kernel
+    assert NAIVE_GEMM.rstrip() not in second["messages"][4]["content"]
+    env.close()
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("transformers") is None, reason="needs transformers installed"
+)
+@pytest.mark.parametrize(("template", "system"), [(CHATML, SYSTEM), (MISTRAL, None)])
+def test_chat_messages_render_with_a_chat_template(template: str, system: str | None) -> None:
+    # Imported by name: mypy then needs neither package (nor its stubs) where it checks tests.
+    tokenizers = importlib.import_module("tokenizers")
+    models = importlib.import_module("tokenizers.models")
+    transformers = importlib.import_module("transformers")
+    # A tokenizer built here, not downloaded: a one-word vocabulary is enough to render text.
+    tokenizer = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=tokenizers.Tokenizer(models.WordLevel({"<unk>": 0}, unk_token="<unk>")),
+        bos_token="<s>",
+        eos_token="</s>",
+    )
+    tokenizer.chat_template = template
+    env = ChatMessages(make_env([WRONG, PLAIN], turns=2), system=system)
+    env.reset()
+    env.step("no code")
+    messages = env.step(f"```cuda\n{kernel(1)}```")[4]["messages"]
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    assert isinstance(text, str)
+    assert all(message["content"] in text for message in messages)
+    if system is None:  # Mistral's template checks the order: one message off, and it fails
+        with pytest.raises(Exception, match="must alternate"):
+            tokenizer.apply_chat_template(messages[1:], tokenize=False)

@@ -1,12 +1,15 @@
-"""Trajectory records → the per-problem table (Markdown, CSV, JSON) and the Fast_p plot.
+"""Trajectory records → the per-model and per-problem tables (Markdown, CSV, JSON) and the Fast_p
+plot.
 
-``report(paths)`` reads the JSONL files that ``ptxgym run`` writes. Records are grouped by run
-(name and knowledge level); within a run there is one row per task. Each metric is computed per
-prompt variant over that variant's trajectories, then shown as the mean over variants with the
-min–max across them; the target-instruction value comes first and the unrestricted value follows
-in parentheses. Each run also says what was measured whatever ran: how many turns were built, and
-which target instructions their SASS holds; when no turn reached a GPU, the table and the plot
-say that their zeros were not measured.
+``report(paths)`` reads the JSONL files that ``ptxgym run`` writes. The per-model table has one row
+per agent and knowledge level, over every task and run of the records (PTXBench's table of models);
+the per-problem table groups records by run (name and knowledge level), with one row per task.
+Each metric is computed per prompt variant over that variant's trajectories (pooled over all tasks
+for a model), then shown as the mean over variants with the min–max across them; in the per-problem
+table the target-instruction value comes first and the unrestricted value follows in parentheses.
+Each run also says what was measured whatever ran: how many turns were built, and which target
+instructions their SASS holds; when no turn reached a GPU, the table and the plot say that their
+zeros were not measured.
 """
 
 from __future__ import annotations
@@ -33,10 +36,14 @@ from ptxgym.outcome import Status
 from ptxgym.tasks import get_task
 
 if TYPE_CHECKING:
-    from matplotlib.figure import Figure
+    from matplotlib.axes import Axes
+    from matplotlib.colors import Colormap
+    from matplotlib.figure import Figure, FigureBase
 
 Format = Literal["md", "csv", "json"]
 FORMATS: tuple[Format, ...] = ("md", "csv", "json")
+CsvTable = Literal["tasks", "models"]
+CSV_TABLES: tuple[CsvTable, ...] = ("tasks", "models")
 UNDEFINED = "–"
 NOTHING_RAN = "No turn ran on a GPU"
 
@@ -144,28 +151,265 @@ class Row:
         return data
 
 
+@dataclass
+class RecordedModel:
+    """The records of one agent at one knowledge level over every run and task, as trajectories
+    by prompt variant."""
+
+    agent: str
+    knowledge: str
+    # variant → (run, task, trajectory index) → turn → record
+    variants: dict[int, dict[tuple[str, str, int], dict[int, TurnRecord]]] = field(
+        default_factory=lambda: defaultdict(lambda: defaultdict(dict))
+    )
+
+    @property
+    def label(self) -> str:
+        return f"{self.agent} ({self.knowledge})"
+
+    def records(self) -> list[TurnRecord]:
+        return [
+            record
+            for trajectories in self.variants.values()
+            for turns in trajectories.values()
+            for record in turns.values()
+        ]
+
+    @property
+    def longest(self) -> int:
+        return max(
+            max(turns) for trajectories in self.variants.values() for turns in trajectories.values()
+        )
+
+    def trajectories(self, variant: int) -> list[Trajectory]:
+        """Each trajectory of one variant, over every task and run, its turns in order."""
+        return [
+            [turns[number].as_turn() for number in sorted(turns)]
+            for _, turns in sorted(self.variants[variant].items())
+        ]
+
+
+def by_model(runs: Sequence[RecordedRun]) -> list[RecordedModel]:
+    """The runs' records regrouped by agent and knowledge level, in order of first appearance."""
+    models: dict[tuple[str, str], RecordedModel] = {}
+    for run in runs:
+        for task_id, variants in run.tasks.items():
+            for variant, trajectories in variants.items():
+                for index, turns in trajectories.items():
+                    for number, record in turns.items():
+                        model = models.setdefault(
+                            (record.agent, run.knowledge),
+                            RecordedModel(record.agent, run.knowledge),
+                        )
+                        model.variants[variant][(run.name, task_id, index)][number] = record
+    return list(models.values())
+
+
+def _amount(generation: dict[str, Any], key: str) -> float | None:
+    value = generation.get(key)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return value
+
+
+@dataclass(frozen=True)
+class Generation:
+    """What an agent's model spent, from the records' ``generation`` (empty for scripted agents):
+    ``turns`` is how many records have one; the rest is ``None`` where no record gives it."""
+
+    turns: int
+    models: tuple[str, ...]
+    prompt_tokens: int | None
+    completion_tokens: int | None
+    seconds_per_turn: float | None
+
+    @classmethod
+    def of(cls, records: Sequence[TurnRecord]) -> Generation:
+        generations = [record.generation for record in records if record.generation]
+
+        def total(key: str) -> int | None:
+            values = [_amount(g, key) for g in generations]
+            defined = [int(value) for value in values if value is not None]
+            return sum(defined) if defined else None
+
+        seconds = [s for s in (_amount(g, "seconds") for g in generations) if s is not None]
+        return cls(
+            turns=len(generations),
+            models=tuple(sorted({str(g["model"]) for g in generations if g.get("model")})),
+            prompt_tokens=total("prompt_tokens"),
+            completion_tokens=total("completion_tokens"),
+            seconds_per_turn=sum(seconds) / len(seconds) if seconds else None,
+        )
+
+
+@dataclass(frozen=True)
+class ModelColumn:
+    """A metric column of the per-model table: its key in CSV and JSON, its Markdown header, and
+    the per-problem metric whose number format it shares."""
+
+    key: str
+    header: str
+    metric: str
+
+
+def model_limits(runs: Sequence[RecordedRun]) -> list[int]:
+    """The paper's ≤1/≤4/≤8 limits that the longest trajectory of the records reaches."""
+    longest = max(run.longest for run in runs)
+    return [k for k in TURN_LIMITS if k <= longest]
+
+
+def _fast_key(p: float, k: int) -> str:
+    return f"fast_inst_p{p:g}_k{k}"
+
+
+def model_columns(ps: Sequence[float], limits: Sequence[int]) -> list[ModelColumn]:
+    return [
+        ModelColumn("correct", "correct", "turn_correctness"),
+        ModelColumn("correct_inst", "correct^Inst", "turn_correctness"),
+        ModelColumn("best_speedup", "best speedup", "best_speedup"),
+        ModelColumn("best_speedup_inst", "best speedup^Inst", "best_speedup"),
+        *(
+            ModelColumn(_fast_key(p, k), f"Fast_{p:g}^Inst ≤{k}", "fast_p")
+            for p in ps
+            for k in limits
+        ),
+    ]
+
+
+def _model_values(
+    summary: Summary, longest: int, ps: Sequence[float], limits: Sequence[int]
+) -> dict[str, float | None]:
+    """One variant's value of each per-model column. Correctness and best speedup are over every
+    turn; Fast_p^Inst ≤k is undefined for a model whose trajectories are shorter than k."""
+    correct_inst, correct = summary.turn_correctness[longest]
+    best_inst, best = summary.best_speedup[longest]
+    values = {
+        "correct": correct,
+        "correct_inst": correct_inst,
+        "best_speedup": best,
+        "best_speedup_inst": best_inst,
+    }
+    for p in ps:
+        for k in limits:
+            values[_fast_key(p, k)] = summary.fast[p][k][0] if k <= longest else None
+    return values
+
+
+@dataclass(frozen=True)
+class ModelRow:
+    """One agent at one knowledge level over all tasks: each metric column across variants."""
+
+    agent: str
+    knowledge: str
+    tasks: int
+    variants: int
+    trajectories: int
+    turns: int
+    metrics: dict[str, Spread]  # by ModelColumn.key
+    generation: Generation
+    reached_gpu: bool  # whether any of its turns ran on a GPU (else its zeros are not results)
+
+    def flat(self) -> dict[str, Any]:
+        """The row as one flat mapping (CSV and JSON share it)."""
+        data: dict[str, Any] = {
+            "agent": self.agent,
+            "knowledge": self.knowledge,
+            "model": ", ".join(self.generation.models) or None,
+            "tasks": self.tasks,
+            "variants": self.variants,
+            "trajectories": self.trajectories,
+            "turns": self.turns,
+            "reached_gpu": self.reached_gpu,
+        }
+        for key, spread in self.metrics.items():
+            data |= {
+                f"{key}_mean": spread.mean,
+                f"{key}_min": spread.low,
+                f"{key}_max": spread.high,
+                f"{key}_n": spread.n,
+            }
+        return data | {
+            "generated_turns": self.generation.turns,
+            "prompt_tokens": self.generation.prompt_tokens,
+            "completion_tokens": self.generation.completion_tokens,
+            "model_seconds_per_turn": self.generation.seconds_per_turn,
+        }
+
+
+def model_rows(runs: Sequence[RecordedRun], ps: Sequence[float]) -> list[ModelRow]:
+    """One row per agent and knowledge level, each metric aggregated over prompt variants, each
+    variant pooling its trajectories over every task."""
+    limits = model_limits(runs)
+    columns = model_columns(ps, limits)
+    table = []
+    for model in by_model(runs):
+        longest = model.longest
+        values = [
+            _model_values(
+                summarize(model.trajectories(variant), limits=[*limits, longest], ps=ps),
+                longest,
+                ps,
+                limits,
+            )
+            for variant in sorted(model.variants)
+        ]
+        records = model.records()
+        table.append(
+            ModelRow(
+                agent=model.agent,
+                knowledge=model.knowledge,
+                tasks=len({task_id for _, task_id, _ in _keys(model)}),
+                variants=len(model.variants),
+                trajectories=len(_keys(model)),
+                turns=len(records),
+                metrics={
+                    column.key: Spread.of([value[column.key] for value in values])
+                    for column in columns
+                },
+                generation=Generation.of(records),
+                reached_gpu=any(_reached_gpu(record) for record in records),
+            )
+        )
+    return table
+
+
+def _keys(model: RecordedModel) -> list[tuple[str, str, int]]:
+    return [key for trajectories in model.variants.values() for key in trajectories]
+
+
 def report(
     paths: Sequence[Path],
     *,
     fmt: Format = "md",
     ps: Sequence[float] = (1.0,),
     plot: Path | None = None,
+    csv_table: CsvTable = "tasks",
 ) -> str:
-    """The per-problem table of the runs recorded in ``paths``; also saves the plot to ``plot``."""
+    """The per-model and per-problem tables of the runs recorded in ``paths``; also saves the plot
+    to ``plot``. CSV holds one table: ``csv_table`` says which."""
     if fmt not in FORMATS:
         raise ValueError(f"format must be one of {FORMATS}, not {fmt!r}")
+    if csv_table not in CSV_TABLES:
+        raise ValueError(f"the CSV table must be one of {CSV_TABLES}, not {csv_table!r}")
+    if csv_table != "tasks" and fmt != "csv":
+        raise ValueError(f"a CSV table ({csv_table!r}) is chosen only with the csv format")
     if not ps or any(p < 0 for p in ps):
         raise ValueError(f"speedup thresholds p must be given and be ≥ 0, not {list(ps)}")
     ps = tuple(dict.fromkeys(ps))  # a threshold given twice is one group of columns
     runs = load(paths)
     table = rows(runs, ps)
+    models = model_rows(runs, ps)
     if plot is not None:
         plot_fast_p(runs, plot)
     if fmt == "csv":
-        return _csv(table)
+        return _csv([row.flat() for row in (models if csv_table == "models" else table)])
     if fmt == "json":
-        return json.dumps([row.flat() for row in table], indent=2) + "\n"
-    return _markdown(runs, table, ps)
+        document = {
+            "models": [row.flat() for row in models],
+            "tasks": [row.flat() for row in table],
+        }
+        return json.dumps(document, indent=2) + "\n"
+    return _markdown(runs, table, ps, models)
 
 
 def load(paths: Sequence[Path]) -> list[RecordedRun]:
@@ -292,12 +536,12 @@ def rows(runs: Sequence[RecordedRun], ps: Sequence[float]) -> list[Row]:
     return table
 
 
-def _csv(table: Sequence[Row]) -> str:
+def _csv(table: Sequence[dict[str, Any]]) -> str:
     buffer = io.StringIO()
-    writer = csv.DictWriter(buffer, fieldnames=list(table[0].flat()), lineterminator="\n")
+    writer = csv.DictWriter(buffer, fieldnames=list(table[0]), lineterminator="\n")
     writer.writeheader()
     for row in table:
-        writer.writerow({key: "" if value is None else value for key, value in row.flat().items()})
+        writer.writerow({key: "" if value is None else value for key, value in row.items()})
     return buffer.getvalue()
 
 
@@ -324,11 +568,72 @@ def _header(metric: str, p: float | None, k: int) -> str:
     return f"{name or f'Fast_{p:g}'} ≤{k}"
 
 
-def _markdown(runs: Sequence[RecordedRun], table: Sequence[Row], ps: Sequence[float]) -> str:
+def _model_markdown(
+    runs: Sequence[RecordedRun], models: Sequence[ModelRow], ps: Sequence[float]
+) -> list[str]:
+    """The per-model table, and what its cells mean."""
+    columns = model_columns(ps, model_limits(runs))
+    generation = any(row.generation.turns for row in models)
+    header = ["agent", "knowledge", "tasks", "variants", "trajectories", "turns"]
+    header += [column.header for column in columns]
+    if generation:
+        header += ["model", "prompt tokens", "completion tokens", "model s/turn"]
+    lines = ["## Per model", "", "| " + " | ".join(header) + " |", "|---" * len(header) + "|"]
+    for row in models:
+        cells = [row.agent, row.knowledge]
+        cells += map(str, (row.tasks, row.variants, row.trajectories, row.turns))
+        cells += [_spread(row.metrics[column.key], column.metric) for column in columns]
+        if generation:
+            spent = row.generation
+            cells += [
+                ", ".join(spent.models) or UNDEFINED,
+                *(
+                    UNDEFINED if tokens is None else f"{tokens:,}"
+                    for tokens in (spent.prompt_tokens, spent.completion_tokens)
+                ),
+                _number(spent.seconds_per_turn, "seconds"),
+            ]
+        lines.append("| " + " | ".join(cells) + " |")
+    for row in models:
+        if not row.reached_gpu:
+            lines += [
+                "",
+                f"{NOTHING_RAN} for {row.agent} ({row.knowledge}) (compile-only evaluation): "
+                "its zeros are not results.",
+            ]
+    lines += [
+        "",
+        "One row per agent and knowledge level, over every task and run of the records. Each "
+        "metric is computed per prompt variant, pooling that variant's trajectories over all "
+        "tasks, then shown as the mean over variants with [min–max] across variants where they "
+        "differ. correct: fraction of all turns that are correct. correct^Inst: fraction of all "
+        "turns that are correct and executed the target instructions (a turn not profiled never "
+        "counts). best speedup: the largest speedup over the library baseline of a correct turn; "
+        "best speedup^Inst: of a correct turn that executed the target instructions. "
+        "Fast_p^Inst ≤k: fraction of the first k turns of every trajectory that are correct, "
+        "executed the target instructions and are faster than p × the baseline "
+        f"({UNDEFINED} for a model whose trajectories are shorter than k)."
+        + (
+            " prompt tokens, completion tokens: totals over the turns whose records give them; "
+            "model s/turn: the mean seconds the model took per turn that records it."
+            if generation
+            else ""
+        ),
+        "",
+    ]
+    return lines
+
+
+def _markdown(
+    runs: Sequence[RecordedRun],
+    table: Sequence[Row],
+    ps: Sequence[float],
+    models: Sequence[ModelRow],
+) -> str:
     cells = {
         (row.run, row.knowledge, row.task_id, row.metric, row.p, row.limit): row for row in table
     }
-    lines = ["# ptxgym report", ""]
+    lines = ["# ptxgym report", "", *_model_markdown(runs, models, ps)]
     for run in runs:
         limits = turn_limits(run.longest)
         variants = sorted({v for task in run.tasks.values() for v in task})
@@ -373,10 +678,19 @@ def _markdown(runs: Sequence[RecordedRun], table: Sequence[Row], ps: Sequence[fl
 
 
 def plot_fast_p(runs: Sequence[RecordedRun], path: Path) -> None:
-    """Save :func:`fast_p_figure` as PNG."""
-    figure = fast_p_figure(runs)
+    """Save :func:`report_figure` as PNG: the per-model curves above the per-task ones."""
+    figure = report_figure(runs)
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path, format="png", dpi=120)
+
+
+def report_figure(runs: Sequence[RecordedRun]) -> Figure:
+    """:func:`fast_p_model_figure` (top) and :func:`fast_p_figure` (bottom) in one figure."""
+    figure = _figure(rows=2)
+    subfigures = figure.subfigures(2, 1, squeeze=False)
+    _draw_models(subfigures[0, 0], runs)
+    _draw_tasks(subfigures[1, 0], runs, title="Per task: prompt variants and trajectories pooled")
+    return figure
 
 
 def fast_p_figure(runs: Sequence[RecordedRun]) -> Figure:
@@ -385,38 +699,94 @@ def fast_p_figure(runs: Sequence[RecordedRun]) -> Figure:
     A dashed vertical line marks each task's best counting speedup. When no turn ran on a GPU,
     each panel says so, since its flat zero lines were not measured.
     """
+    figure = _figure(rows=1)
+    _draw_tasks(figure, runs)
+    return figure
+
+
+def fast_p_model_figure(runs: Sequence[RecordedRun]) -> Figure:
+    """Fast_p^Inst and Fast_p against the threshold p, one line per agent and knowledge level:
+    the mean over prompt variants (each pooling its trajectories over all tasks), in a shaded
+    band from the lowest to the highest variant."""
+    figure = _figure(rows=1)
+    _draw_models(figure, runs)
+    return figure
+
+
+def _figure(rows: int) -> Figure:
     # Imported here: matplotlib is slow to import and only the plot needs it. The Agg canvas is
     # used directly, so a caller's pyplot backend is left alone.
-    from matplotlib import colormaps
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
+    figure = Figure(figsize=(12, 4.8 * rows), layout="constrained")
+    FigureCanvasAgg(figure)
+    return figure
+
+
+def _thresholds(runs: Sequence[RecordedRun]) -> list[float]:
+    """Speedup thresholds p on a log scale from 0.01 to 10, widened to fit every speedup."""
+    speedups = [
+        record.speedup
+        for run in runs
+        for record in run.records()
+        if record.correct and record.speedup
+    ]
+    low = min([0.01, *(s / 2 for s in speedups)])
+    high = max([10.0, *(s * 2 for s in speedups)])
+    steps = 400
+    return [low * (high / low) ** (i / (steps - 1)) for i in range(steps)]
+
+
+_PANELS = (
+    (True, r"$\mathrm{Fast}_p^{\mathrm{Inst}}$ (target instructions executed)"),
+    (False, r"$\mathrm{Fast}_p$"),
+)
+
+
+def _panels(
+    target: FigureBase, runs: Sequence[RecordedRun], thresholds: Sequence[float], lines: int
+) -> list[tuple[Axes, bool, Colormap]]:
+    """The two panels (Fast_p^Inst left, Fast_p right), styled, and the palette for ``lines``."""
+    from matplotlib import colormaps
+
+    axes = target.subplots(1, 2, sharey=True)
+    palette = colormaps["tab10" if lines <= 10 else "tab20"]
+    for ax, (_, title) in zip(axes, _PANELS, strict=True):
+        if not any(run.reached_gpu for run in runs):
+            ax.text(
+                0.5,
+                0.5,
+                f"{NOTHING_RAN}:\ncorrectness and speed were not measured",
+                transform=ax.transAxes,
+                ha="center",
+                va="center",
+                fontsize=11,
+            )
+        ax.set_xscale("log")
+        ax.set_xlim(thresholds[0], thresholds[-1])
+        ax.set_ylim(0.0, 1.02)
+        ax.set_title(title)
+        ax.set_xlabel("speedup threshold p (× library baseline)")
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0].set_ylabel("fraction of turns")
+    return [(ax, inst, palette) for ax, (inst, _) in zip(axes, _PANELS, strict=True)]
+
+
+def _legend(target: FigureBase, ax: Axes) -> None:
+    target.legend(*ax.get_legend_handles_labels(), loc="outside right upper", fontsize=8)
+
+
+def _draw_tasks(target: FigureBase, runs: Sequence[RecordedRun], title: str | None = None) -> None:
+    """One line per task; a dashed vertical line at each task's best counting speedup."""
     curves = [
         (f"{run.label} · {task_id}" if len(runs) > 1 else task_id, run.trajectories(task_id))
         for run in runs
         for task_id in run.tasks
     ]
-    speedups = [
-        turn.speedup
-        for _, trajectories in curves
-        for trajectory in trajectories
-        for turn in trajectory
-        if turn.correct and turn.speedup
-    ]
-    low = min([0.01, *(s / 2 for s in speedups)])
-    high = max([10.0, *(s * 2 for s in speedups)])
-    steps = 400
-    thresholds = [low * (high / low) ** (i / (steps - 1)) for i in range(steps)]
-
-    figure = Figure(figsize=(12, 4.8), layout="constrained")
-    FigureCanvasAgg(figure)
-    axes = figure.subplots(1, 2, sharey=True)
-    palette = colormaps["tab10" if len(curves) <= 10 else "tab20"]
-    titles = (
-        r"$\mathrm{Fast}_p^{\mathrm{Inst}}$ (target instructions executed)",
-        r"$\mathrm{Fast}_p$",
-    )
-    for ax, inst, title in zip(axes, (True, False), titles, strict=True):
+    thresholds = _thresholds(runs)
+    panels = _panels(target, runs, thresholds, len(curves))
+    for ax, inst, palette in panels:
         for index, (label, trajectories) in enumerate(curves):
             color = palette(index % palette.N)
             values = [value or 0.0 for value in fast_p_curve(trajectories, thresholds, inst=inst)]
@@ -435,22 +805,34 @@ def fast_p_figure(runs: Sequence[RecordedRun]) -> Figure:
                     fontsize=8,
                     color=color,
                 )
-        if not any(run.reached_gpu for run in runs):
-            ax.text(
-                0.5,
-                0.5,
-                f"{NOTHING_RAN}:\ncorrectness and speed were not measured",
-                transform=ax.transAxes,
-                ha="center",
-                va="center",
-                fontsize=11,
+    if title is not None:
+        target.suptitle(title)
+    _legend(target, panels[0][0])
+
+
+def _draw_models(target: FigureBase, runs: Sequence[RecordedRun]) -> None:
+    """Per agent and knowledge level: the mean over prompt variants, in a min–max band."""
+    models = by_model(runs)
+    thresholds = _thresholds(runs)
+    panels = _panels(target, runs, thresholds, len(models))
+    for ax, inst, palette in panels:
+        for index, model in enumerate(models):
+            color = palette(index % palette.N)
+            curves = [
+                fast_p_curve(model.trajectories(variant), thresholds, inst=inst)
+                for variant in sorted(model.variants)
+            ]
+            spreads = [Spread.of(values) for values in zip(*curves, strict=True)]
+            ax.fill_between(
+                thresholds,
+                [spread.low or 0.0 for spread in spreads],
+                [spread.high or 0.0 for spread in spreads],
+                step="post",
+                color=color,
+                alpha=0.2,
+                linewidth=0,
             )
-        ax.set_xscale("log")
-        ax.set_xlim(low, high)
-        ax.set_ylim(0.0, 1.02)
-        ax.set_title(title)
-        ax.set_xlabel("speedup threshold p (× library baseline)")
-        ax.grid(True, which="both", alpha=0.3)
-    axes[0].set_ylabel("fraction of turns")
-    figure.legend(*axes[0].get_legend_handles_labels(), loc="outside right upper", fontsize=8)
-    return figure
+            mean = [spread.mean or 0.0 for spread in spreads]
+            ax.step(thresholds, mean, where="post", color=color, label=model.label)
+    target.suptitle("Per agent (knowledge): mean over prompt variants, shaded from min to max")
+    _legend(target, panels[0][0])

@@ -1,65 +1,42 @@
 """Run an agent over tasks × prompt variants × trajectories, recording every turn; resumable.
 
 ``run(plan, agent, out)`` plays each episode of the plan through :class:`PTXKernelEnv` wrapped in
+:class:`~ptxgym.wrappers.ChatMessages` (the conversation, for agents that speak chat) and
 :class:`~ptxgym.wrappers.TrajectoryRecorder`, which appends one JSON line per turn to ``out``.
-Running the same plan again continues where it stopped: finished episodes are skipped, a partly
-recorded one is restored with ``env.resume`` and goes on from its next turn, and no recorded turn
-is evaluated again.
+``concurrency`` episodes are played at once, each in a thread of its own with its own env and
+agent session: while one waits for its model, others are evaluated, so the GPU does not wait on
+the model when there is work (the evaluators take turns on it). Running the same plan again
+continues where it stopped: finished episodes are skipped, a partly recorded one is restored
+(its env and conversation, from the records) and goes on from its next turn, and no recorded
+turn is evaluated again. When the agent fails (``AgentError``: its endpoint is down), no new turn
+starts, the turns under way finish and are recorded, and the error is raised.
 """
 
 from __future__ import annotations
 
+import threading
 from collections import defaultdict
-from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, cast
 
 from tqdm import tqdm
 
+from ptxgym.agents.base import Agent, AgentSession, Reply
+from ptxgym.agents.scripted import ScriptedAgent
 from ptxgym.bench.records import TurnRecord, read_records
 from ptxgym.env import PTXKernelEnv
 from ptxgym.evaluate.evaluator import EVALUATORS, Evaluator, make_evaluator
-from ptxgym.languages import read_action
 from ptxgym.prompt import PROMPT_VARIANTS
 from ptxgym.tasks import get_task
 from ptxgym.tasks.packs import KNOWLEDGE_LEVELS
-from ptxgym.wrappers import TrajectoryRecorder
+from ptxgym.wrappers import ChatMessages, TrajectoryRecorder
+
+__all__ = ["Episode", "RunPlan", "ScriptedAgent", "run"]
 
 Episode = tuple[str, int, int]
 """(task id, prompt variant, trajectory index)."""
-
-
-class Agent(Protocol):
-    """Writes the next action from the observation and the last step's ``info``.
-
-    At the first turn ``info`` is the one ``reset`` returned (``info["turn"] == 0``); on a
-    resumed episode it is rebuilt from the last recorded turn.
-    """
-
-    name: str
-
-    def act(self, observation: str, info: dict[str, Any]) -> str: ...
-
-
-class ScriptedAgent:
-    """Submits a fixed file at each turn: turn t sends ``files[min(t - 1, len(files) - 1)]``."""
-
-    name = "scripted"
-
-    def __init__(self, files: Sequence[Path]) -> None:
-        if not files:
-            raise ValueError("a scripted agent needs at least one file")
-        for path in files:
-            if not Path(path).is_file():
-                raise FileNotFoundError(f"{path}: no such file")
-        self.files = tuple(Path(path) for path in files)
-
-    def act(self, observation: str, info: dict[str, Any]) -> str:
-        # info["turn"] counts the turns done; read from info, not kept here, so that a resumed
-        # episode picks the right file.
-        path = self.files[min(int(info["turn"]), len(self.files) - 1)]
-        return read_action(path)
 
 
 @dataclass(frozen=True)
@@ -113,11 +90,16 @@ class RunPlan:
         ]
 
 
-def run(plan: RunPlan, agent: Agent, out: Path, *, progress: bool = True) -> Path:
-    """Play every episode of ``plan`` with ``agent``, appending turn records to ``out``.
+def run(
+    plan: RunPlan, agent: Agent, out: Path, *, progress: bool = True, concurrency: int = 1
+) -> Path:
+    """Play every episode of ``plan`` with ``agent``, appending turn records to ``out``, with
+    up to ``concurrency`` episodes under way at once.
 
     Resumes what ``out`` already holds for ``plan.name``. Returns ``out``.
     """
+    if concurrency < 1:
+        raise ValueError(f"concurrency must be at least 1, not {concurrency}")
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     recorded = _recorded(out, plan, agent) if out.exists() else {}
@@ -136,38 +118,68 @@ def run(plan: RunPlan, agent: Agent, out: Path, *, progress: bool = True) -> Pat
         unit="turn",
         disable=not progress,
     )
-    recorders: dict[tuple[str, int], tuple[PTXKernelEnv, TrajectoryRecorder]] = {}
-    try:
-        for task_id, variant, trajectory in pending:
-            if (task_id, variant) not in recorders:
-                # One env per (task, variant): the prompt is built once, reset per trajectory.
-                env = PTXKernelEnv(
-                    task_id,
-                    turns=plan.turns,
-                    prompt_variant=variant,
-                    knowledge=plan.knowledge,
-                    evaluator=evaluators[task_id],
-                )
-                recorder = TrajectoryRecorder(env, out, run=plan.name, agent=agent.name)
-                recorders[(task_id, variant)] = (env, recorder)
-            env, recorder = recorders[(task_id, variant)]
-            history = recorded.get((task_id, variant, trajectory), [])
+    shown = threading.Lock()  # tqdm's bar, from every episode's thread
+    stop = threading.Event()  # the agent failed: no new turn starts
+
+    def play(episode: Episode) -> None:
+        task_id, variant, trajectory = episode
+        env = PTXKernelEnv(
+            task_id,
+            turns=plan.turns,
+            prompt_variant=variant,
+            knowledge=plan.knowledge,
+            evaluator=evaluators[task_id],
+        )
+        chat = ChatMessages(env)
+        recorder = TrajectoryRecorder(chat, out, run=plan.name, agent=agent.name)
+        session = _session(agent)
+        try:
+            history = recorded.get(episode, [])
             observation, info = recorder.reset(options={"trajectory": trajectory})
             if history:
-                observation = env.resume([(r.source, r.feedback) for r in history])
-                info = _restored_info(history[-1])
+                observation = chat.resume(
+                    [(record.source, record.feedback) for record in history],
+                    [record.generation.get("reply", "") for record in history]
+                    if all("reply" in record.generation for record in history)
+                    else None,
+                )
+                info = {**_restored_info(history[-1]), "messages": chat.messages}
             for _ in range(len(history), plan.turns):
-                action = agent.act(observation, info)
+                if stop.is_set():
+                    return
+                action = session.act(observation, info)
+                if isinstance(action, Reply):
+                    recorder.generation = action.generation
+                    action = action.text
                 observation, _, _, _, info = recorder.step(action)
-                bar.set_postfix_str(f"{task_id} v{variant} #{trajectory}: {info['status']}")
-                bar.update()
+                with shown:
+                    bar.set_postfix_str(f"{task_id} v{variant} #{trajectory}: {info['status']}")
+                    bar.update()
+        except BaseException:
+            stop.set()
+            raise
+        finally:
+            recorder.close()
+
+    try:
+        with ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="episode") as pool:
+            # In plan order: with concurrency 1, episodes run one after another as before.
+            futures = [pool.submit(play, episode) for episode in pending]
+            errors = [error for future in futures if (error := future.exception()) is not None]
+        if errors:
+            raise errors[0]
     finally:
         bar.close()
-        for _, recorder in recorders.values():
-            recorder.close()
         for evaluator in owned:
             evaluator.close()
     return out
+
+
+def _session(agent: Agent) -> AgentSession:
+    """The agent's session for one episode; an object with only ``act`` (the agents of
+    ptxgym 0.1) is its own session."""
+    make = getattr(agent, "session", None)
+    return cast(AgentSession, agent) if make is None else cast(AgentSession, make())
 
 
 def _recorded(out: Path, plan: RunPlan, agent: Agent) -> dict[Episode, list[TurnRecord]]:

@@ -9,8 +9,9 @@ from typing import Any
 import pytest
 
 from ptxgym import paths
+from ptxgym.agents.base import Agent
 from ptxgym.bench.records import read_records
-from ptxgym.bench.runner import Agent, RunPlan, ScriptedAgent, run
+from ptxgym.bench.runner import RunPlan, ScriptedAgent, run
 from ptxgym.cli import main
 from ptxgym.evaluate.compile_only import CompileOnlyEvaluator
 from ptxgym.evaluate.evaluator import Evaluator
