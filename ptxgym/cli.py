@@ -241,6 +241,26 @@ def _parser() -> argparse.ArgumentParser:
     )
     reporting.set_defaults(handler=_report)
 
+    fixing = commands.add_parser(
+        "fixit",
+        help="repair failed turns of recorded runs with a teacher model, verify each repair, "
+        "write the verified ones as chat-format SFT records (resumable)",
+    )
+    fixing.add_argument("runs", nargs="+", type=Path, metavar="RUN.jsonl")
+    fixing.add_argument("--teacher-model", required=True, help="the teacher's name at the endpoint")
+    fixing.add_argument("--base-url", help="e.g. http://localhost:8000/v1 (default: OpenAI's)")
+    fixing.add_argument("--api-key-env", default="OPENAI_API_KEY", metavar="VAR")
+    fixing.add_argument("--temperature", type=float)
+    fixing.add_argument("--max-tokens", type=int)
+    fixing.add_argument("--reasoning-effort")
+    fixing.add_argument("--timeout", type=float, default=600.0, metavar="S")
+    fixing.add_argument("--max-retries", type=int, default=5)
+    fixing.add_argument("--evaluator", choices=EVALUATORS, default="auto")
+    fixing.add_argument("--concurrency", type=int, default=1, metavar="C")
+    fixing.add_argument("--limit", type=int, metavar="N", help="at most N failures this time")
+    fixing.add_argument("--out", required=True, type=Path, metavar="FIXIT.jsonl")
+    fixing.set_defaults(handler=_fixit)
+
     demo = commands.add_parser(
         "demo", help="run the example kernels through the real pipeline and report"
     )
@@ -484,6 +504,53 @@ def _token_summary(out: Path, name: str) -> str:
         f"Model use: {len(generated)} replies, {prompt:,} prompt and {completion:,} completion "
         f"tokens, {seconds:.1f} s waiting for replies."
     )
+
+
+def _fixit(args: argparse.Namespace) -> int:
+    from ptxgym.agents.base import AgentError
+    from ptxgym.agents.openai_chat import ChatSettings, OpenAIAgent
+    from ptxgym.bench.fixit import failures, fixit
+    from ptxgym.evaluate.evaluator import make_evaluator
+
+    found = [failure for path in args.runs for failure in failures(read_records(path))]
+    if not found:
+        print("No failed turn with a kernel in these records: nothing to repair.")
+        return 0
+    teacher = OpenAIAgent(
+        ChatSettings(
+            model=args.teacher_model,
+            base_url=args.base_url,
+            api_key_env=args.api_key_env,
+            temperature=args.temperature,
+            max_tokens=args.max_tokens,
+            reasoning_effort=args.reasoning_effort,
+            timeout_s=args.timeout,
+            max_retries=args.max_retries,
+        )
+    )
+    evaluator = make_evaluator(args.evaluator, get_task(found[0].record.task_id))
+    try:
+        stats = fixit(
+            args.runs, teacher, evaluator, args.out, concurrency=args.concurrency, limit=args.limit
+        )
+    except AgentError as exc:
+        raise UnavailableError(
+            f"the teacher stopped: {exc}. Every finished attempt is logged: run the same command "
+            "again to go on"
+        ) from exc
+    finally:
+        teacher.close()
+        evaluator.close()
+    print(
+        f"Fixit: {stats['attempts']} attempts, {stats['verified']} verified repairs, "
+        f"{stats['records']} records in {args.out}"
+    )
+    for category, numbers in stats["per_category"].items():
+        print(
+            f"  {category}: {numbers['verified']}/{numbers['attempts']} repaired "
+            f"({numbers['repair_rate']:.0%})"
+        )
+    return 0
 
 
 def _report(args: argparse.Namespace) -> int:

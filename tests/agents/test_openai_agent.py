@@ -25,9 +25,12 @@ from ptxgym.agents.openai_chat import (
     estimate_tokens,
     fit_context,
 )
+from ptxgym.bench import report
+from ptxgym.bench.fixit import fixit
 from ptxgym.bench.records import read_records
 from ptxgym.bench.runner import RunPlan, run
 from ptxgym.cli import main
+from ptxgym.evaluate.compile_only import CompileOnlyEvaluator
 
 pytestmark = pytest.mark.nvcc
 
@@ -121,6 +124,18 @@ def test_a_run_against_the_server_records_every_turn_with_the_models_usage(
     assert messages[-1]["content"].endswith("reply with one ```cuda block.")
     assert all(r.body["temperature"] == 0.7 for r in requests)
     assert all(r.body["max_completion_tokens"] == 4096 for r in requests)
+    # Its report: one per-model row for the agent, with its tokens.
+    table = report.report([out])
+    assert "## Per model" in table
+    row = next(line for line in table.splitlines() if line.startswith(f"| openai:{MODEL} |"))
+    prompt_tokens = sum(r.generation["prompt_tokens"] for r in records)
+    assert f"{prompt_tokens:,}" in row
+    # Fixit over it: each task's broken kernel (turn 3 of every episode) repaired once.
+    stats = fixit([out], agent_for(server), CompileOnlyEvaluator(), tmp_path / "fixit.jsonl")
+    assert stats["per_category"] == {
+        "compile": {"attempts": 18, "verified": 18, "repair_rate": 1.0}
+    }
+    assert stats["records"] == 3
 
 
 def test_episodes_overlap_when_run_concurrently(server: ChatServer, tmp_path: Path) -> None:
