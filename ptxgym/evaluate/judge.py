@@ -422,38 +422,29 @@ class Judge:
             with self._mutex:
                 if len(self.spares) >= self.settings.spare_workers:
                     return
-            worker = _Worker(
-                self.context,
-                self.device,
-                self.folder,
-                self.settings.lock_startups,
-                self.settings.timing_method == "cupti",
-            )
+            worker = self._start_worker()
             with self._mutex:
                 self.spares.append(worker)
+
+    def _start_worker(self) -> _Worker:
+        return _Worker(
+            self.context,
+            self.device,
+            self.folder,
+            self.settings.lock_startups,
+            use_cupti=self.settings.timing_method == "cupti",
+        )
 
     def _take_worker(self) -> _Worker:
         with self._mutex:
             worker = self.spares.pop(0) if self.spares else None
         if worker is None:
-            worker = _Worker(
-                self.context,
-                self.device,
-                self.folder,
-                self.settings.lock_startups,
-                self.settings.timing_method == "cupti",
-            )
+            worker = self._start_worker()
         try:
             worker.wait_ready(_WORKER_START_TIMEOUT_S)
         except (channel.ChannelError, _Timeout, EOFError, OSError):
             worker.kill()
-            worker = _Worker(
-                self.context,
-                self.device,
-                self.folder,
-                self.settings.lock_startups,
-                self.settings.timing_method == "cupti",
-            )
+            worker = self._start_worker()
             try:
                 worker.wait_ready(_WORKER_START_TIMEOUT_S)
             except (channel.ChannelError, _Timeout, EOFError, OSError) as exc:
