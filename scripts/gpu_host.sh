@@ -65,6 +65,7 @@ if [[ $what == bench || $what == all ]]; then
   python3 benchmarks/profile_cost.py --out "$out" | tee "$out/profile_cost.md" || status=1
   python3 benchmarks/disturbance.py --out "$out" | tee "$out/disturbance.md" || status=1
   python3 benchmarks/cpu_cost.py --out "$out" | tee "$out/cpu_cost.md" || status=1
+  python3 benchmarks/agent_overlap.py --out "$out/agent_overlap" | tee "$out/agent_overlap.md" || status=1
 fi
 if [[ $what == soak ]]; then
   # SOAK_MAX_SECONDS: stop and report before a time-limited host ends the run.
