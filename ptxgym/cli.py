@@ -208,6 +208,12 @@ def _parser() -> argparse.ArgumentParser:
     chat.add_argument(
         "--extra-body", type=json.loads, default={}, metavar="JSON", help="extra request fields"
     )
+    chat.add_argument(
+        "--prices",
+        type=_prices,
+        metavar="IN,OUT",
+        help="USD per million prompt and completion tokens, for the run's cost in the summary",
+    )
     runner.add_argument(
         "--out", required=True, type=Path, metavar="RUN.jsonl", help="records (appended)"
     )
@@ -457,7 +463,7 @@ def _run(args: argparse.Namespace) -> int:
             close()
     print(report.report([args.out]), end="")
     print(f"Records: {args.out} (run {plans[0].name!r}).")
-    if summary := _token_summary(args.out, plans[0].name):
+    if summary := _token_summary(args.out, plans[0].name, args.prices):
         print(summary)
     return 0
 
@@ -491,18 +497,34 @@ def _agent(args: argparse.Namespace) -> Agent:
     return OpenAIAgent(settings)
 
 
-def _token_summary(out: Path, name: str) -> str:
-    """The model's use over the run's records: requests, tokens, seconds ("" for agents
-    without a model)."""
+def _prices(text: str) -> tuple[float, float]:
+    """``IN,OUT``: USD per million prompt and completion tokens."""
+    try:
+        prompt, completion = (float(part) for part in text.split(","))
+    except ValueError:
+        message = f"--prices takes IN,OUT such as 1.25,10, not {text!r}"
+        raise argparse.ArgumentTypeError(message) from None
+    return prompt, completion
+
+
+def _token_summary(out: Path, name: str, prices: tuple[float, float] | None = None) -> str:
+    """The model's use over the run's records: requests, tokens, seconds, and the cost at
+    ``prices`` (USD per million prompt and completion tokens); "" for agents without a
+    model."""
     generated = [r.generation for r in read_records(out) if r.run == name and r.generation]
     if not generated:
         return ""
     prompt = sum(g.get("prompt_tokens") or 0 for g in generated)
     completion = sum(g.get("completion_tokens") or 0 for g in generated)
     seconds = sum(g.get("seconds") or 0.0 for g in generated)
+    cost = (
+        f", ${(prompt * prices[0] + completion * prices[1]) / 1e6:,.2f} at the prices given"
+        if prices is not None
+        else ""
+    )
     return (
         f"Model use: {len(generated)} replies, {prompt:,} prompt and {completion:,} completion "
-        f"tokens, {seconds:.1f} s waiting for replies."
+        f"tokens, {seconds:.1f} s waiting for replies{cost}."
     )
 
 

@@ -250,7 +250,7 @@ def test_the_cli_runs_the_openai_agent_and_summarises_its_tokens(
             *("--api-key-env", "PTXGYM_TEST_KEY", "--tasks", "PTX-H100-GEMM"),
             *("--variants", "0", "--turns", "2", "--knowledge", "none,full"),
             *("--evaluator", "compile-only", "--concurrency", "2", "--no-progress"),
-            *("--extra-body", json.dumps({"top_k": 20}), "--out", str(out)),
+            *("--extra-body", json.dumps({"top_k": 20}), "--prices", "2,8", "--out", str(out)),
         ]
     )
     printed = capsys.readouterr().out
@@ -262,7 +262,9 @@ def test_the_cli_runs_the_openai_agent_and_summarises_its_tokens(
         ("none", 1),
         ("none", 2),
     ]
-    assert "Model use: 4 replies" in printed
+    generated = [r.generation for r in records]
+    cost = sum(2 * g["prompt_tokens"] + 8 * g["completion_tokens"] for g in generated) / 1e6
+    assert "Model use: 4 replies" in printed and f"${cost:,.2f} at the prices given" in printed
     assert all(r.body["top_k"] == 20 for r in server.completions)
 
 
