@@ -42,6 +42,7 @@ def small_task_data(size: int) -> Path:
     root = Path(tempfile.mkdtemp(prefix="ptxgym-soak-data-"))
     (root / "envs" / "ops").mkdir(parents=True)
     shutil.copytree(REPO / "envs" / "targets", root / "envs" / "targets")
+    shutil.copy(REPO / "envs" / "devices.yaml", root / "envs" / "devices.yaml")
     gemm = yaml.safe_load((REPO / "envs" / "ops" / "gemm.yaml").read_text())
     for task in gemm["tasks"]:
         task["workloads"] = [

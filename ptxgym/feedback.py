@@ -10,6 +10,7 @@ from ptxgym.build.result import CompileResult
 from ptxgym.build.sass import SassInventory, matching_count
 from ptxgym.evaluate.correctness import CheckReport
 from ptxgym.evaluate.profile import KernelFacts
+from ptxgym.evaluate.roofline import SpeedOfLight
 from ptxgym.evaluate.sanitizer import SanitizerReport
 from ptxgym.outcome import Outcome, Status
 from ptxgym.tasks import Task
@@ -68,11 +69,25 @@ def render_feedback(outcome: Outcome, task: Task) -> str:
         )
     if outcome.speedup is not None:
         lines.append(f"Speedup: {outcome.speedup:.3f}x")
+    if outcome.speed_of_light is not None and not outcome.speed_of_light.fault:
+        lines.append(speed_of_light_line(outcome.speed_of_light))
     if outcome.status.correct:
         lines += _qualification(outcome, task)
     advice = _policy_advice(outcome.message) if outcome.status is Status.POLICY_VIOLATION else []
     lines += ["", *(advice or [_NEXT_STEP[outcome.status]])]
     return "\n".join(lines)
+
+
+def speed_of_light_line(bound: SpeedOfLight) -> str:
+    """One line: what the kernel achieved against the GPU's peaks, and the roofline bound."""
+    peaks = bound.peaks
+    return (
+        f"Speed of light on {peaks.device}: {bound.achieved_tflops:.1f} TFLOP/s "
+        f"({bound.mfu:.0%} of the {peaks.tflops:.0f} TFLOP/s bf16 peak), "
+        f"{bound.achieved_gbps:.0f} GB/s ({bound.bandwidth_use:.0%} of {peaks.dram_gbps:.0f} "
+        f"GB/s); the {bound.limit}-bound floor is {bound.bound_ms:.4f} ms and this kernel takes "
+        f"{bound.of_bound:.2f}x it."
+    )
 
 
 # Each kind of policy violation (ptxgym.languages.cuda.policy, and the build's own checks in

@@ -9,6 +9,7 @@ from typing import Any
 from ptxgym.build.result import CompileResult
 from ptxgym.evaluate.correctness import CheckReport
 from ptxgym.evaluate.profile import InstructionProfile
+from ptxgym.evaluate.roofline import SpeedOfLight
 from ptxgym.evaluate.sanitizer import SanitizerReport
 from ptxgym.evaluate.timing import WorkloadTiming
 
@@ -87,6 +88,9 @@ class Outcome:
     stage_seconds: dict[str, float] = field(default_factory=dict)
     isolation: dict[str, bool] = field(default_factory=dict)
     tools_workload: str = ""
+    # The timed workloads against the GPU's peaks (achieved TFLOP/s and GB/s, MFU, bandwidth
+    # use, the roofline bound); None where nothing was timed or the device is not listed.
+    speed_of_light: SpeedOfLight | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (``info`` and trajectory records use it)."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ptxgym.evaluate.roofline import FAULT_RATIO
 from ptxgym.evaluate.timing import (
     HOST_ALLOWANCE_MS,
     HOST_ALLOWANCE_RATIO,
@@ -185,7 +186,9 @@ def _evaluation_section(task: Task) -> str:
             "speedup = baseline time / your time. Host work inside your call is not device "
             "time: a call whose wall time exceeds its device time by more than "
             f"max({HOST_ALLOWANCE_MS:g} ms, {_times(HOST_ALLOWANCE_RATIO)}the device time) is a "
-            "RUNTIME_ERROR.",
+            "RUNTIME_ERROR, and so is a time under "
+            f"{FAULT_RATIO:g} x the least the GPU needs at its datasheet peaks for this work "
+            "(a measurement fault, not a speedup).",
             "4. Memory safety, after timing: compute-sanitizer memcheck reruns one call of a "
             "kernel that ran (or crashed); an invalid access turns the result into MEMORY_ERROR.",
             "5. The instruction profile above, for correct kernels.",

@@ -382,6 +382,7 @@ class Judge:
         self.device_info: dict[str, Any] = {
             "name": properties.name,
             "capability": [properties.major, properties.minor],
+            "sm_count": properties.multi_processor_count,
             "torch": torch.__version__,
             "cuda": torch.version.cuda,
             "cudnn": torch.backends.cudnn.version(),

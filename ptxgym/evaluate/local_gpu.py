@@ -36,7 +36,8 @@ from ptxgym.evaluate.judge_server import (
     send_message,
     start_private_judge,
 )
-from ptxgym.outcome import Outcome
+from ptxgym.evaluate.roofline import FAULT_RATIO, peaks_for, speed_of_light
+from ptxgym.outcome import Outcome, Status
 from ptxgym.tasks import Task
 
 _START_TIMEOUT_S = 600.0
@@ -295,10 +296,23 @@ class LocalGPUEvaluator:
         handle = judge_for(self.device, self.settings, self.shared)
         verdict = handle.evaluate(task, build.library, deadline).result()
         latency, baseline = verdict.latency_ms, verdict.baseline_latency_ms
+        status, message = verdict.status, verdict.message
+        peaks = peaks_for(str(handle.info.get("name", "")), handle.info.get("sm_count"))
+        bound = speed_of_light(task, verdict.timings, peaks) if peaks is not None else None
+        if bound is not None and bound.fault:
+            status, message = (
+                Status.RUNTIME_ERROR,
+                (
+                    f"measured {bound.latency_ms:.4f} ms, under {FAULT_RATIO:g} of the "
+                    f"{bound.bound_ms:.4f} ms that the GPU needs at its peaks for this work: a "
+                    "measurement fault (work the timer did not see), not a speedup"
+                ),
+            )
+            latency = baseline = None
         return Outcome(
             task_id=task.id,
-            status=verdict.status,
-            message=verdict.message,
+            status=status,
+            message=message,
             evaluator=self.name,
             compile=build,
             latency_ms=latency,
@@ -314,6 +328,7 @@ class LocalGPUEvaluator:
             stage_seconds={"compile": compile_seconds, **verdict.stage_seconds},
             isolation=verdict.isolation,
             tools_workload=verdict.tools_workload,
+            speed_of_light=bound,
         )
 
     def submit(self, task: Task, source: str) -> Future[Outcome]:

@@ -1,0 +1,140 @@
+"""How far a timed kernel is from what the GPU can physically do: the speed-of-light bound.
+
+The work of a workload is the task's FLOP model (``Task.flops``) and the bytes it must move at
+least: every input read once and every output written once (``task_bytes``; the timing flushes
+L2 before each call, so they come from DRAM). The GPU's peaks are data (``envs/devices.yaml``:
+dense bf16 tensor-core FLOP/s and DRAM bandwidth from NVIDIA's datasheets, the compute peak
+scaled down for a device that reports fewer SMs, as a MIG slice does). The bound of a workload
+is the larger of its FLOPs at the compute peak and its bytes at the bandwidth; a pooled task's
+bound, FLOPs and bytes are sums over its workloads, as its latency is.
+
+A latency under ``FAULT_RATIO`` of the bound is not a fast kernel but a measurement fault
+(work the timer did not see): the evaluator reports it as such, never as a speedup.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ptxgym import paths
+from ptxgym.evaluate.timing import WorkloadTiming
+from ptxgym.tasks import DTYPE_BYTES, Task
+
+FAULT_RATIO = 0.8
+"""A latency below this part of the bound is a measurement fault. Below 1, since the peaks are
+the datasheets' at the boost clock, which a GPU may exceed a little."""
+
+
+@dataclass(frozen=True)
+class Peaks:
+    """What a GPU can do at most, and where the numbers come from."""
+
+    device: str
+    tflops: float  # dense bf16 tensor-core TFLOP/s
+    dram_gbps: float
+    source: str
+
+
+@dataclass(frozen=True)
+class SpeedOfLight:
+    """A timed call against the GPU's peaks (sums over the task's workloads)."""
+
+    flops: int
+    bytes: int
+    latency_ms: float
+    bound_ms: float
+    limit: str  # "compute" or "memory": which peak sets the bound
+    achieved_tflops: float
+    achieved_gbps: float
+    mfu: float  # achieved FLOP/s over the compute peak
+    bandwidth_use: float  # achieved bytes/s over the DRAM peak
+    peaks: Peaks
+
+    @property
+    def of_bound(self) -> float:
+        """The latency in multiples of the bound (1 is the speed of light)."""
+        return self.latency_ms / self.bound_ms
+
+    @property
+    def fault(self) -> bool:
+        """Faster than the GPU can be: the timing missed work."""
+        return self.latency_ms < FAULT_RATIO * self.bound_ms
+
+
+@cache
+def _devices() -> tuple[dict[str, Any], ...]:
+    """The devices of ``envs/devices.yaml``; none for a data folder without it (a user's own
+    task files, ``PTXGYM_DATA``): no bounds then, rather than no evaluation."""
+    listing = paths.envs_dir() / "devices.yaml"
+    if not listing.is_file():
+        return ()
+    return tuple(yaml.safe_load(listing.read_text(encoding="utf-8"))["devices"])
+
+
+def peaks_for(name: str, sm_count: int | None = None, devices: Path | None = None) -> Peaks | None:
+    """The peaks of the device called ``name`` (as it reports itself), with ``sm_count`` SMs;
+    None for a device ``envs/devices.yaml`` does not list."""
+    entries = (
+        yaml.safe_load(devices.read_text(encoding="utf-8"))["devices"] if devices else _devices()
+    )
+    for entry in entries:
+        if entry["match"] in name:
+            scale = min(1.0, sm_count / entry["sms"]) if sm_count else 1.0
+            return Peaks(
+                name,
+                float(entry["bf16_dense_tflops"]) * scale,
+                float(entry["dram_gbps"]),
+                str(entry["source"]) + (f", scaled to {sm_count} SMs" if scale < 1 else ""),
+            )
+    return None
+
+
+def task_bytes(task: Task, axes: Mapping[str, int]) -> int:
+    """The bytes a workload must move at least: each input read and each output written once."""
+    values = {**task.definition.const_axes, **axes}
+    tensors = {**task.definition.inputs, **task.definition.outputs}
+    return sum(
+        math.prod(values[axis] for axis in spec.shape) * DTYPE_BYTES[spec.dtype]
+        for spec in tensors.values()
+    )
+
+
+def speed_of_light(
+    task: Task, timings: Sequence[WorkloadTiming], peaks: Peaks
+) -> SpeedOfLight | None:
+    """The timed workloads of ``task`` against ``peaks``; None without timings."""
+    if not timings:
+        return None
+    workloads = {workload.name: workload for workload in task.workloads}
+    flops = bytes_ = 0
+    bound_ms = latency_ms = 0.0
+    compute_ms = memory_ms = 0.0
+    for timing in timings:
+        workload = workloads[timing.workload]
+        work = task.flops_of(workload.axes, workload.sequences)
+        moved = task_bytes(task, workload.axes)
+        compute, memory = work / (peaks.tflops * 1e9), moved / (peaks.dram_gbps * 1e6)
+        flops, bytes_ = flops + work, bytes_ + moved
+        compute_ms, memory_ms = compute_ms + compute, memory_ms + memory
+        bound_ms += max(compute, memory)
+        latency_ms += timing.latency_ms
+    seconds = latency_ms / 1e3
+    return SpeedOfLight(
+        flops=flops,
+        bytes=bytes_,
+        latency_ms=latency_ms,
+        bound_ms=bound_ms,
+        limit="compute" if compute_ms >= memory_ms else "memory",
+        achieved_tflops=flops / seconds / 1e12,
+        achieved_gbps=bytes_ / seconds / 1e9,
+        mfu=flops / seconds / (peaks.tflops * 1e12),
+        bandwidth_use=bytes_ / seconds / (peaks.dram_gbps * 1e9),
+        peaks=peaks,
+    )
