@@ -44,7 +44,7 @@ if [[ $what == tests || $what == all ]]; then
     exit 1
   fi
   pytest_args=("$@")
-  gpu_tests evaluation tests/gpu/test_gpu_evaluation.py tests/gpu/test_gpu_profile.py \
+  gpu_tests evaluation tests/gpu/test_gpu_evaluation.py tests/gpu/test_gpu_profile.py tests/gpu/test_gpu_count.py \
     tests/gpu/test_gpu_sanitizer.py tests/gpu/test_expert_examples.py &
   evaluation=$!
   gpu_tests hostile tests/hostile &
