@@ -79,7 +79,8 @@ class PTXKernelEnv(gym.Env[str, str]):
     - ``turns``: steps per episode (default: the task's, 8). With ``gym.make`` pass
       ``max_episode_steps`` too if you raise it.
     - ``prompt_variant``: 0, 1 or 2.
-    - ``knowledge``: ``none``, ``params``, ``params+wrappers`` or ``full``.
+    - ``knowledge``: ``none``, ``params``, ``params+wrappers``, ``params+wrappers+contracts`` or
+      ``full``.
     - ``history``: ``full`` (kernels and feedback) or ``feedback-only``.
     - ``reward``: a name (``ladder``, ``binary``) or a callable.
     - ``evaluator``: ``auto`` (the local GPU when it matches the task, else compile-only),

@@ -123,13 +123,16 @@ def test_bad_evaluator_is_rejected_on_first_step() -> None:
 
 
 @pytest.mark.parametrize("variant", [0, 1, 2])
-@pytest.mark.parametrize("knowledge", ["none", "params", "params+wrappers", "full"])
+@pytest.mark.parametrize(
+    "knowledge", ["none", "params", "params+wrappers", "params+wrappers+contracts", "full"]
+)
 def test_prompt_variants_and_knowledge_levels(variant: int, knowledge: str) -> None:
     env = PTXKernelEnv("PTX-H100-GEMM", prompt_variant=variant, knowledge=knowledge)
     prompt, info = env.reset()
     assert 'extern "C" int gemm(' in prompt and "```cuda" in prompt
     pack_parts = [name for name in info["prompt_tokens"] if name.startswith("pack:")]
-    assert len(pack_parts) == {"none": 0, "params": 1, "params+wrappers": 2, "full": 4}[knowledge]
+    expected = {"none": 0, "params": 1, "params+wrappers": 2, "params+wrappers+contracts": 3}
+    assert len(pack_parts) == expected.get(knowledge, 4)
 
 
 def test_custom_reward_callable() -> None:

@@ -110,10 +110,12 @@ def test_the_prompt_carries_the_corrected_fa3_loop() -> None:
         assert f"**{reason}**" in text[start:], reason
 
 
-@pytest.mark.parametrize("knowledge", ["none", "params", "params+wrappers", "full"])
+@pytest.mark.parametrize(
+    "knowledge", ["none", "params", "params+wrappers", "params+wrappers+contracts", "full"]
+)
 def test_the_pack_header_is_offered_only_where_its_wrappers_are_shown(knowledge: str) -> None:
     prompt = build_prompt(get_task("PTX-H100-GEMM"), knowledge=knowledge)
-    shown = knowledge in ("params+wrappers", "full")
+    shown = knowledge in ("params+wrappers", "params+wrappers+contracts", "full")
     rules = prompt.sections["rules"]
     assert ('#include "ptxgym_h100.cuh"' in rules) is shown
     assert ("exactly as shown below" in prompt.text) is shown

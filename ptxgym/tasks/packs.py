@@ -1,8 +1,9 @@
 """Knowledge packs: the architecture reference given to the model inside the prompt.
 
 A pack is a folder ``packs/<name>/`` of four parts. Knowledge levels (the paper's ablation)
-select a prefix of them: ``none``; ``params``; ``params+wrappers``; ``full`` (adds the layout,
-synchronisation and memory-consistency contracts and the scheduling principles).
+select a prefix of them: ``none``; ``params``; ``params+wrappers``; ``params+wrappers+contracts``
+(adds the layout, synchronisation and memory-consistency contracts); ``full`` (adds the
+scheduling principles).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from dataclasses import dataclass
 from ptxgym import paths
 from ptxgym.tasks.schema import Task
 
-KNOWLEDGE_LEVELS = ("none", "params", "params+wrappers", "full")
+KNOWLEDGE_LEVELS = ("none", "params", "params+wrappers", "params+wrappers+contracts", "full")
 
 # (file, title) in prompt order; each level takes the first N.
 _PARTS = (
@@ -21,7 +22,13 @@ _PARTS = (
     ("contracts.md", "Contracts: layouts, synchronisation, memory consistency"),
     ("scheduling.md", "Scheduling principles"),
 )
-_PARTS_PER_LEVEL = {"none": 0, "params": 1, "params+wrappers": 2, "full": 4}
+_PARTS_PER_LEVEL = {
+    "none": 0,
+    "params": 1,
+    "params+wrappers": 2,
+    "params+wrappers+contracts": 3,
+    "full": 4,
+}
 
 
 @dataclass(frozen=True)
