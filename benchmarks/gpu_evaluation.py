@@ -20,6 +20,8 @@ from ptxgym import paths
 from ptxgym.env import PTXKernelEnv
 from ptxgym.evaluate.judge import JudgeSettings
 from ptxgym.evaluate.local_gpu import LocalGPUEvaluator, incompatibility
+from ptxgym.evaluate.roofline import peaks_for, speed_of_light
+from ptxgym.evaluate.timing import WorkloadTiming
 from ptxgym.tasks import registry
 
 REPEATS = 5
@@ -113,9 +115,14 @@ def main() -> None:
 def baseline_table(
     evaluator: LocalGPUEvaluator, results: dict[str, Any], out: Path, pattern: str
 ) -> None:
-    print("\n## Baseline latency per H100 task and workload\n")
-    print("| task | baseline | workload | latency ms |")
-    print("|---|---|---|---|")
+    print("\n## Baseline latency per H100 task and workload, against the GPU's peaks\n")
+    print(
+        "| task | baseline | workload | latency ms | TFLOP/s | MFU | GB/s | bandwidth use "
+        "| x bound |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|")
+    device = evaluator.device_info()
+    peaks = peaks_for(str(device.get("name", "")), device.get("sm_count"))
     baselines: dict[str, Any] = {}
     for task in registry().values():
         if task.gpu != "H100" or pattern not in task.id:
@@ -130,10 +137,16 @@ def baseline_table(
         results["baselines"] = baselines
         save(out, results)
         for workload, latency in latencies.items():
-            print(
-                f"| {task.id} | {task.callables.baseline} | {workload} | {latency:.4f} |",
-                flush=True,
+            timed = WorkloadTiming(workload, latency, latency, 1.0, (latency,), "cupti")
+            bound = speed_of_light(task, [timed], peaks) if peaks is not None else None
+            against = (
+                f"{bound.achieved_tflops:.1f} | {bound.mfu:.1%} | {bound.achieved_gbps:.0f} | "
+                f"{bound.bandwidth_use:.1%} | {bound.of_bound:.2f}"
+                if bound is not None
+                else "- | - | - | - | -"
             )
+            row = f"| {task.id} | {task.callables.baseline} | {workload} | {latency:.4f} |"
+            print(f"{row} {against} |", flush=True)
 
 
 def save(out: Path, results: dict[str, Any]) -> None:
