@@ -49,6 +49,7 @@ def step(evaluator: LocalGPUEvaluator, task_id: str, source: str) -> dict[str, A
             for family, executed in (outcome["profile"] or {}).get("families", {}).items()
         },
         "evaluation_s": outcome["seconds"],
+        "speed_of_light": outcome["speed_of_light"],
     }
 
 
