@@ -441,7 +441,10 @@ def _run(args: argparse.Namespace) -> int:
         )
         for level in levels
     ]
-    agent = _agent(args)
+    try:
+        agent = _agent(args)
+    except AgentError as exc:
+        raise UnavailableError(str(exc)) from exc
     try:
         for plan in plans:
             run(plan, agent, args.out, progress=not args.no_progress, concurrency=args.concurrency)
@@ -454,8 +457,8 @@ def _run(args: argparse.Namespace) -> int:
         return 130
     except AgentError as exc:
         raise UnavailableError(
-            f"the agent stopped: {exc}. Every finished turn is in {args.out}: run the same "
-            "command again to resume"
+            f"the agent stopped: {str(exc).rstrip('.')}. Every finished turn is in {args.out}: "
+            "run the same command again to resume"
         ) from exc
     finally:
         close = getattr(agent, "close", None)
@@ -538,18 +541,20 @@ def _fixit(args: argparse.Namespace) -> int:
     if not found:
         print("No failed turn with a kernel in these records: nothing to repair.")
         return 0
-    teacher = OpenAIAgent(
-        ChatSettings(
-            model=args.teacher_model,
-            base_url=args.base_url,
-            api_key_env=args.api_key_env,
-            temperature=args.temperature,
-            max_tokens=args.max_tokens,
-            reasoning_effort=args.reasoning_effort,
-            timeout_s=args.timeout,
-            max_retries=args.max_retries,
-        )
+    settings = ChatSettings(
+        model=args.teacher_model,
+        base_url=args.base_url,
+        api_key_env=args.api_key_env,
+        temperature=args.temperature,
+        max_tokens=args.max_tokens,
+        reasoning_effort=args.reasoning_effort,
+        timeout_s=args.timeout,
+        max_retries=args.max_retries,
     )
+    try:
+        teacher = OpenAIAgent(settings)
+    except AgentError as exc:
+        raise UnavailableError(str(exc)) from exc
     evaluator = make_evaluator(args.evaluator, get_task(found[0].record.task_id))
     try:
         stats = fixit(
@@ -557,8 +562,8 @@ def _fixit(args: argparse.Namespace) -> int:
         )
     except AgentError as exc:
         raise UnavailableError(
-            f"the teacher stopped: {exc}. Every finished attempt is logged: run the same command "
-            "again to go on"
+            f"the teacher stopped: {str(exc).rstrip('.')}. Every finished attempt is logged: run "
+            "the same command again to go on"
         ) from exc
     finally:
         teacher.close()

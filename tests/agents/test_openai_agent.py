@@ -196,10 +196,19 @@ def test_a_failing_endpoint_stops_the_run_with_a_clear_error(
             run(plan(tasks=TASKS[:1]), agent, tmp_path / "run.jsonl", progress=False)
 
 
-def test_a_missing_key_is_said_before_anything_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_missing_key_is_said_before_anything_runs(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     monkeypatch.delenv("PTXGYM_TEST_KEY", raising=False)
     with pytest.raises(AgentError, match="set PTXGYM_TEST_KEY"):
         OpenAIAgent(ChatSettings(model=MODEL, api_key_env="PTXGYM_TEST_KEY"))
+    out = tmp_path / "run.jsonl"
+    arguments = ["--api-key-env", "PTXGYM_TEST_KEY", "--out", str(out)]
+    code = main(
+        ["run", "--agent", "openai", "--model", MODEL, "--tasks", "PTX-H100-GEMM", *arguments]
+    )
+    assert code != 0 and not out.exists()
+    assert "ptxgym: error: set PTXGYM_TEST_KEY" in capsys.readouterr().err
 
 
 def test_a_killed_run_resumes_with_the_conversation_as_it_was(
