@@ -535,7 +535,6 @@ def _fixit(args: argparse.Namespace) -> int:
     from ptxgym.agents.base import AgentError
     from ptxgym.agents.openai_chat import ChatSettings, OpenAIAgent
     from ptxgym.bench.fixit import failures, fixit
-    from ptxgym.evaluate.evaluator import make_evaluator
 
     found = [failure for path in args.runs for failure in failures(read_records(path))]
     if not found:
@@ -555,10 +554,14 @@ def _fixit(args: argparse.Namespace) -> int:
         teacher = OpenAIAgent(settings)
     except AgentError as exc:
         raise UnavailableError(str(exc)) from exc
-    evaluator = make_evaluator(args.evaluator, get_task(found[0].record.task_id))
     try:
         stats = fixit(
-            args.runs, teacher, evaluator, args.out, concurrency=args.concurrency, limit=args.limit
+            args.runs,
+            teacher,
+            args.evaluator,
+            args.out,
+            concurrency=args.concurrency,
+            limit=args.limit,
         )
     except AgentError as exc:
         raise UnavailableError(
@@ -567,7 +570,6 @@ def _fixit(args: argparse.Namespace) -> int:
         ) from exc
     finally:
         teacher.close()
-        evaluator.close()
     print(
         f"Fixit: {stats['attempts']} attempts, {stats['verified']} verified repairs, "
         f"{stats['records']} records in {args.out}"

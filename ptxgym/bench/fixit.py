@@ -29,7 +29,7 @@ from typing import Any
 
 from ptxgym.agents.base import Agent, Reply
 from ptxgym.bench.records import TurnRecord, read_records
-from ptxgym.evaluate.evaluator import Evaluator
+from ptxgym.evaluate.evaluator import Evaluator, make_evaluator
 from ptxgym.languages import get_language
 from ptxgym.outcome import Outcome, Status
 from ptxgym.prompt import build_prompt
@@ -113,13 +113,15 @@ def verified(outcome: Outcome, category: str) -> bool:
 def fixit(
     records: Sequence[Path],
     teacher: Agent,
-    evaluator: Evaluator,
+    evaluator: str | Evaluator,
     out: Path,
     *,
     concurrency: int = 1,
     limit: int | None = None,
 ) -> dict[str, Any]:
-    """Repair the failed turns of ``records`` with ``teacher``, verify each with ``evaluator``,
+    """Repair the failed turns of ``records`` with ``teacher``, verify each with ``evaluator``
+    (an object, or a name resolved per task as ``ptxgym run`` does: ``auto`` is the GPU
+    evaluator for the tasks of the local GPU's architecture, compile-only for the others),
     append the verified ones to ``out``; returns the statistics (``statistics``)."""
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -131,6 +133,10 @@ def fixit(
     todo = [f for path in records for f in failures(read_records(path)) if f.key not in done]
     todo = todo[:limit] if limit is not None else todo
     writing = threading.Lock()
+    evaluators = {
+        task_id: make_evaluator(evaluator, get_task(task_id))
+        for task_id in dict.fromkeys(failure.record.task_id for failure in todo)
+    }
 
     def repair(failure: Failure) -> None:
         record = failure.record
@@ -162,7 +168,7 @@ def fixit(
             )
             sample = None
         else:
-            outcome = evaluator.evaluate(task, extraction.source)
+            outcome = evaluators[task.id].evaluate(task, extraction.source)
             ok = verified(outcome, failure.category)
             attempt = Attempt(
                 failure.key, failure.category, task.id, ok, outcome.status.value, outcome.message
@@ -178,9 +184,13 @@ def fixit(
                 _append(out, sample)
             _append(log, asdict(attempt))
 
-    with ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="fixit") as pool:
-        futures = [pool.submit(repair, failure) for failure in todo]
-        errors = [error for future in futures if (error := future.exception()) is not None]
+    try:
+        with ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="fixit") as pool:
+            futures = [pool.submit(repair, failure) for failure in todo]
+            errors = [error for future in futures if (error := future.exception()) is not None]
+    finally:
+        for built in {id(e): e for e in evaluators.values() if e is not evaluator}.values():
+            built.close()  # built here from a name
     if errors:
         raise errors[0]
     return statistics(out)
