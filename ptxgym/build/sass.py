@@ -135,6 +135,12 @@ def target_addresses(library: Path, task: Task) -> dict[str, FunctionListing]:
     return {name: FunctionListing(sizes[name], targets[name]) for name in sizes}
 
 
+def mnemonic(instruction: str) -> str:
+    """An instruction's opcode without its modifiers, after any predicate guard (@P0, @!UP1)."""
+    words = instruction.split()
+    return words[1 if words[0].startswith("@") else 0].split(".")[0]
+
+
 def flops_per_warp(instruction: str) -> int | None:
     """The floating-point work one warp-level execution of a matrix instruction does, from its
     text (``HGMMA.64x256x16.F32.BF16 ...``: a warpgroup's m x n x k multiply-adds, a quarter per

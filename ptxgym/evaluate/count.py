@@ -30,7 +30,13 @@ from typing import TYPE_CHECKING, Any
 import numpy
 
 from ptxgym.build.result import DEFAULT_COMPILE_TIMEOUT_S
-from ptxgym.build.sass import FunctionListing, demangle, flops_per_warp, target_addresses
+from ptxgym.build.sass import (
+    FunctionListing,
+    demangle,
+    flops_per_warp,
+    mnemonic,
+    target_addresses,
+)
 from ptxgym.evaluate.cupti_helper import HelperUnavailable, build_helper
 from ptxgym.evaluate.profile import (
     DEFAULT_TIMEOUT_S,
@@ -68,7 +74,7 @@ def counts_profile(
     matrix = matrix_instructions(task, listing)
     flops: int | None = 0
     # CUPTI may name a function as compiled (mangled) or as written: both find its listing.
-    canonical = {**{alias: name for name, alias in demangle(list(listing)).items()}}
+    canonical = {alias: name for name, alias in demangle(list(listing)).items()}
     canonical.update({name: name for name in listing})
     named = {alias: listing[name] for alias, name in canonical.items()}
     # CUPTI gives one record per instruction and metric: the warp-level count and the threads'
@@ -79,7 +85,7 @@ def counts_profile(
             isinstance(row, list)
             and len(row) == 4
             and isinstance(row[0], str)
-            and all(isinstance(value, int) and value >= 0 for value in row[1:])
+            and all(type(value) is int and value >= 0 for value in row[1:])
         ):
             raise CountsRefused(f"a row of counts is malformed: {str(row)[:120]}")
         totals = summed.setdefault((row[0], row[1]), [0, 0])
@@ -99,10 +105,9 @@ def counts_profile(
                 f"({function}, offset {offset:#x})"
             )
         if (text := where.targets.get(offset)) is not None:
-            words = text.split()  # a predicate guard (@P0, @!UP1) before the opcode
-            mnemonic = words[1 if words[0].startswith("@") else 0].split(".")[0]
-            thread_counts[mnemonic] += threads
-            warp_counts[mnemonic] += warps
+            opcode = mnemonic(text)
+            thread_counts[opcode] += threads
+            warp_counts[opcode] += warps
             if warps and (canonical[function], offset) in matrix:
                 per_warp = flops_per_warp(text)
                 flops = None if flops is None or per_warp is None else flops + per_warp * warps

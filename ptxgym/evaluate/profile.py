@@ -39,7 +39,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ptxgym import paths
-from ptxgym.build.sass import FunctionListing, family_present, flops_per_warp, target_addresses
+from ptxgym.build.sass import (
+    FunctionListing,
+    family_present,
+    flops_per_warp,
+    mnemonic,
+    target_addresses,
+)
 from ptxgym.evaluate.single_call import CallJob, PendingCall, call_seconds
 from ptxgym.sandbox.isolation import python_environment, restrict_files, seal
 from ptxgym.sandbox.processes import ProcessGroup, wait_for_word
@@ -160,13 +166,8 @@ def matrix_instructions(
         (function, offset): text
         for function, where in listing.items()
         for offset, text in where.targets.items()
-        if any(fnmatchcase(_mnemonic(text), pattern) for pattern in patterns)
+        if any(fnmatchcase(mnemonic(text), pattern) for pattern in patterns)
     }
-
-
-def _mnemonic(instruction: str) -> str:
-    words = instruction.split()  # a predicate guard (@P0, @!UP1) before the opcode
-    return words[1 if words[0].startswith("@") else 0].split(".")[0]
 
 
 def with_coverage(
@@ -357,7 +358,7 @@ def _opcode_flops(job: CallJob, warp_counts: Mapping[str, int]) -> int | None:
     if not matrix:
         return 0
     shapes = {flops_per_warp(text) for text in matrix.values()}
-    opcodes = {_mnemonic(text) for text in matrix.values()}
+    opcodes = {mnemonic(text) for text in matrix.values()}
     if len(shapes) != 1 or None in shapes:
         return None
     (per_warp,) = shapes
