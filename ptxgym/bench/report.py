@@ -308,6 +308,9 @@ class ModelRow:
     metrics: dict[str, Spread]  # by ModelColumn.key
     generation: Generation
     reached_gpu: bool  # whether any of its turns ran on a GPU (else its zeros are not results)
+    # Best MFU among the correct turns with the target instructions, across variants; None when
+    # no record has a speed-of-light measurement (nothing was timed on a listed GPU).
+    best_mfu_inst: Spread | None = None
 
     def flat(self) -> dict[str, Any]:
         """The row as one flat mapping (CSV and JSON share it)."""
@@ -329,6 +332,9 @@ class ModelRow:
                 f"{key}_n": spread.n,
             }
         return data | {
+            "best_mfu_inst": None if self.best_mfu_inst is None else self.best_mfu_inst.mean,
+            "best_mfu_inst_min": None if self.best_mfu_inst is None else self.best_mfu_inst.low,
+            "best_mfu_inst_max": None if self.best_mfu_inst is None else self.best_mfu_inst.high,
             "generated_turns": self.generation.turns,
             "prompt_tokens": self.generation.prompt_tokens,
             "completion_tokens": self.generation.completion_tokens,
@@ -368,9 +374,32 @@ def model_rows(runs: Sequence[RecordedRun], ps: Sequence[float]) -> list[ModelRo
                 },
                 generation=Generation.of(records),
                 reached_gpu=any(_reached_gpu(record) for record in records),
+                best_mfu_inst=_best_mfu(model) if any(map(_mfu_of, records)) else None,
             )
         )
     return table
+
+
+def _mfu_of(record: TurnRecord) -> float | None:
+    """The MFU of a turn's timing (``outcome.speed_of_light``), when it was measured."""
+    bound = record.outcome.get("speed_of_light") or {}
+    value = bound.get("mfu") if isinstance(bound, dict) else None
+    return float(value) if isinstance(value, int | float) else None
+
+
+def _best_mfu(model: RecordedModel) -> Spread:
+    """Per prompt variant, the best MFU of a correct turn that executed the target
+    instructions; across variants."""
+    best = []
+    for trajectories in model.variants.values():
+        values = [
+            mfu
+            for turns in trajectories.values()
+            for record in turns.values()
+            if record.correct and record.qualified is True and (mfu := _mfu_of(record)) is not None
+        ]
+        best.append(max(values) if values else None)
+    return Spread.of(best)
 
 
 def _keys(model: RecordedModel) -> list[tuple[str, str, int]]:
@@ -550,6 +579,8 @@ def _number(value: float | None, metric: str) -> str:
         return UNDEFINED
     if metric == "best_speedup" and value < 0.1:
         return f"{value:.2g}"  # naive kernels run at ~0.01x: two decimals would show 0.00
+    if metric == "mfu":
+        return f"{value:.1%}"
     return f"{value:.2f}"
 
 
@@ -574,8 +605,11 @@ def _model_markdown(
     """The per-model table, and what its cells mean."""
     columns = model_columns(ps, model_limits(runs))
     generation = any(row.generation.turns for row in models)
+    mfu = any(row.best_mfu_inst is not None for row in models)
     header = ["agent", "knowledge", "tasks", "variants", "trajectories", "turns"]
     header += [column.header for column in columns]
+    if mfu:
+        header.append("best MFU^Inst")
     if generation:
         header += ["model", "prompt tokens", "completion tokens", "model s/turn"]
     lines = ["## Per model", "", "| " + " | ".join(header) + " |", "|---" * len(header) + "|"]
@@ -583,6 +617,8 @@ def _model_markdown(
         cells = [row.agent, row.knowledge]
         cells += map(str, (row.tasks, row.variants, row.trajectories, row.turns))
         cells += [_spread(row.metrics[column.key], column.metric) for column in columns]
+        if mfu:
+            cells.append(_spread(row.best_mfu_inst or Spread.of([]), "mfu"))
         if generation:
             spent = row.generation
             cells += [
@@ -613,6 +649,12 @@ def _model_markdown(
         "Fast_p^Inst ≤k: fraction of the first k turns of every trajectory that are correct, "
         "executed the target instructions and are faster than p × the baseline "
         f"({UNDEFINED} for a model whose trajectories are shorter than k)."
+        + (
+            " best MFU^Inst: the largest share of the GPU's dense bf16 peak that a correct turn "
+            "executing the target instructions achieved (docs/evaluation.md, speed of light)."
+            if mfu
+            else ""
+        )
         + (
             " prompt tokens, completion tokens: totals over the turns whose records give them; "
             "model s/turn: the mean seconds the model took per turn that records it."

@@ -473,3 +473,29 @@ def test_the_plot_file_holds_the_models_above_the_tasks(models_file: Path, tmp_p
     plot = tmp_path / "models.png"
     report([models_file], plot=plot)
     assert plot.read_bytes().startswith(PNG_MAGIC)
+
+
+def _timed(record: TurnRecord, mfu: float) -> TurnRecord:
+    return replace(record, outcome={"speed_of_light": {"mfu": mfu, "achieved_tflops": 1.0}})
+
+
+def test_the_per_model_table_gives_the_best_mfu_of_qualified_turns(tmp_path: Path) -> None:
+    """Variant 0: qualified turns at 40 % and 70 % MFU, best 70 %; variant 1: its only timed
+    turn is not qualified, so its best is undefined and the spread is variant 0's alone."""
+    records = [
+        _timed(turn(H100, 0, 0, 1, speedup=1.0, qualified=True), 0.40),
+        _timed(turn(H100, 0, 0, 2, speedup=2.0, qualified=True), 0.70),
+        _timed(turn(H100, 1, 0, 1, speedup=0.5, qualified=False), 0.90),
+        turn(H100, 1, 0, 2),
+    ]
+    path = write(tmp_path / "mfu.jsonl", records)
+    text = report([path])
+    header = next(line for line in text.splitlines() if line.startswith("| agent |"))
+    assert header.split(" | ")[-1] == "best MFU^Inst |"
+    row = next(line for line in text.splitlines() if line.startswith("| test |"))
+    assert row.endswith("| 70.0% |")
+    (model,) = json.loads(report([path], fmt="json"))["models"]
+    assert (model["best_mfu_inst"], model["best_mfu_inst_min"]) == (0.70, 0.70)
+    # Records without a measurement (compile-only, or an unlisted GPU) get no column.
+    plain = report([write(tmp_path / "plain.jsonl", [turn(H100, 0, 0, 1, speedup=1.0)])])
+    assert "MFU" not in plain
