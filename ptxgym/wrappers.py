@@ -16,7 +16,6 @@ See docs/metrics.md.
 
 from __future__ import annotations
 
-import fcntl
 import json
 import math
 import os
@@ -42,7 +41,7 @@ from ptxgym.bench.metrics import (
     summarize,
     turn_correctness,
 )
-from ptxgym.bench.records import TurnRecord
+from ptxgym.bench.records import TurnRecord, append_line
 from ptxgym.build.result import CompileResult, CompilerUnavailable
 from ptxgym.device.gpus import visible_gpus
 from ptxgym.env import PTXKernelEnv
@@ -165,51 +164,6 @@ def _versions() -> dict[str, str]:
     return versions
 
 
-def _end_last_line(fd: int, path: Path) -> None:
-    """Finish a last line that a crash left without its newline, before appending after it.
-
-    ``read_records`` skips a torn line only at the end of a file, so a line appended after one
-    would make the file unreadable. A complete record that lacks only its newline gets one;
-    anything else is cut.
-    """
-    size = os.fstat(fd).st_size
-    if size == 0 or os.pread(fd, 1, size - 1) == b"\n":
-        return
-    start = size
-    while start > 0:
-        chunk_start = max(0, start - (1 << 16))
-        newline = os.pread(fd, start - chunk_start, chunk_start).rfind(b"\n")
-        if newline >= 0:
-            start = chunk_start + newline + 1
-            break
-        start = chunk_start
-    try:
-        TurnRecord.from_json(os.pread(fd, size - start, start).decode("utf-8"))
-    except (ValueError, TypeError, AttributeError):  # not UTF-8, not JSON, not a record
-        os.ftruncate(fd, start)
-        # Arguments, not an f-string: the logger %-formats its message, and a path may hold "%".
-        gym.logger.warn(
-            "%s: dropped a torn last line (%d bytes) left by a crash", path, size - start
-        )
-        return
-    os.write(fd, b"\n")
-
-
-def _append_line(path: Path, line: str) -> None:
-    """Append one line durably; safe with other writers of the same file (flock)."""
-    data = line.encode("utf-8")
-    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        _end_last_line(fd, path)
-        written = 0
-        while written < len(data):
-            written += os.write(fd, data[written:])
-        os.fsync(fd)
-    finally:
-        os.close(fd)  # also releases the lock
-
-
 class TrajectoryRecorder(gym.Wrapper[str, str, str, str]):
     """Appends a :class:`~ptxgym.bench.records.TurnRecord` per step to a JSONL file at ``path``.
 
@@ -273,7 +227,7 @@ class TrajectoryRecorder(gym.Wrapper[str, str, str, str]):
             self.trajectory = self._last_trajectory = self._next_index()
         record = self._record(info, float(reward), seconds)
         self.generation = {}
-        _append_line(self.path, record.to_json() + "\n")
+        append_line(self.path, record.to_json() + "\n", TurnRecord.from_json)
         return observation, reward, terminated, truncated, info
 
     def _record(self, info: Mapping[str, Any], reward: float, step_seconds: float) -> TurnRecord:

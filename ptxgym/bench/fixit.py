@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from ptxgym.agents.base import Agent, Reply
-from ptxgym.bench.records import TurnRecord, read_records
+from ptxgym.bench.records import TurnRecord, append_line, read_lines, read_records
 from ptxgym.evaluate.evaluator import Evaluator, make_evaluator
 from ptxgym.languages import get_language
 from ptxgym.outcome import Outcome, Status
@@ -126,8 +126,6 @@ def fixit(
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     log = attempts_path(out)
-    for path in (out, log):
-        _drop_torn_tail(path)
     done = {attempt.key for attempt in read_attempts(log)}
     kept = {sample["meta"]["dedup"] for sample in _read_jsonl(out)}
     todo = [f for path in records for f in failures(read_records(path)) if f.key not in done]
@@ -267,31 +265,9 @@ def read_attempts(path: Path) -> list[Attempt]:
     return [Attempt(**data) for data in _read_jsonl(path)]
 
 
-def _read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """Every line of a JSONL file; a torn last line (a crash mid-write) is left out."""
-    if not path.exists():
-        return []
-    lines = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-    read = []
-    for number, line in enumerate(lines, 1):
-        try:
-            read.append(json.loads(line))
-        except json.JSONDecodeError:
-            if number < len(lines):
-                raise ValueError(f"{path}:{number}: not a JSON line") from None
-    return read
-
-
-def _drop_torn_tail(path: Path) -> None:
-    """Cut a last line left unfinished by a crash, so that the next line starts clean."""
-    if not path.exists():
-        return
-    data = path.read_bytes()
-    if data and not data.endswith(b"\n"):
-        path.write_bytes(data[: data.rfind(b"\n") + 1])
+def _read_jsonl(path: Path) -> list[Any]:
+    return list(read_lines(path)) if path.exists() else []
 
 
 def _append(path: Path, data: dict[str, Any]) -> None:
-    with path.open("a", encoding="utf-8") as handle:
-        handle.write(json.dumps(data, sort_keys=True) + "\n")
-        handle.flush()
+    append_line(path, json.dumps(data, sort_keys=True) + "\n")

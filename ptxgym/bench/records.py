@@ -7,11 +7,15 @@ and to build training data without re-running anything.
 
 from __future__ import annotations
 
+import fcntl
 import json
-from collections.abc import Iterator
+import os
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+import gymnasium as gym
 
 from ptxgym.bench.metrics import Turn
 
@@ -63,7 +67,10 @@ class TurnRecord:
 
     @classmethod
     def from_json(cls, line: str) -> TurnRecord:
-        data = json.loads(line)
+        return cls.from_data(json.loads(line))
+
+    @classmethod
+    def from_data(cls, data: dict[str, Any]) -> TurnRecord:
         if data.get("schema") != SCHEMA_VERSION:
             raise ValueError(f"trajectory record schema {data.get('schema')!r} is not supported")
         return cls(**data)
@@ -71,13 +78,68 @@ class TurnRecord:
 
 def read_records(path: Path) -> Iterator[TurnRecord]:
     """Every complete record in a JSONL file; a torn last line (a crash mid-write) is skipped."""
+    for data in read_lines(path):
+        yield TurnRecord.from_data(data)
+
+
+def read_lines(path: Path) -> Iterator[Any]:
+    """The JSON value of each non-empty line of a JSONL file. A torn last line (a crash
+    mid-write) is skipped; an unreadable line before the end is an error."""
     with path.open(encoding="utf-8") as handle:
         for number, line in enumerate(handle, 1):
             if not line.strip():
                 continue
             try:
-                yield TurnRecord.from_json(line)
+                value = json.loads(line)
             except json.JSONDecodeError:
                 if handle.read().strip():  # only the final line may be torn
-                    raise ValueError(f"{path}:{number}: not a JSON record") from None
+                    raise ValueError(f"{path}:{number}: not a JSON line") from None
                 return
+            yield value
+
+
+def append_line(path: Path, line: str, complete: Callable[[str], object] = json.loads) -> None:
+    """Append one line to a JSONL file durably; safe with other writers of the same file
+    (flock). A last line a crash left unfinished is finished first: given its newline when
+    ``complete`` accepts it, cut otherwise (``complete`` raises for an incomplete line)."""
+    data = line.encode("utf-8")
+    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        _end_last_line(fd, path, complete)
+        written = 0
+        while written < len(data):
+            written += os.write(fd, data[written:])
+        os.fsync(fd)
+    finally:
+        os.close(fd)  # also releases the lock
+
+
+def _end_last_line(fd: int, path: Path, complete: Callable[[str], object]) -> None:
+    """Finish a last line that a crash left without its newline, before appending after it.
+
+    ``read_lines`` skips a torn line only at the end of a file, so a line appended after one
+    would make the file unreadable. A complete line that lacks only its newline gets one;
+    anything else is cut.
+    """
+    size = os.fstat(fd).st_size
+    if size == 0 or os.pread(fd, 1, size - 1) == b"\n":
+        return
+    start = size
+    while start > 0:
+        chunk_start = max(0, start - (1 << 16))
+        newline = os.pread(fd, start - chunk_start, chunk_start).rfind(b"\n")
+        if newline >= 0:
+            start = chunk_start + newline + 1
+            break
+        start = chunk_start
+    try:
+        complete(os.pread(fd, size - start, start).decode("utf-8"))
+    except (ValueError, TypeError, AttributeError):  # not UTF-8, not JSON, not a whole line
+        os.ftruncate(fd, start)
+        # Arguments, not an f-string: the logger %-formats its message, and a path may hold "%".
+        gym.logger.warn(
+            "%s: dropped a torn last line (%d bytes) left by a crash", path, size - start
+        )
+        return
+    os.write(fd, b"\n")
