@@ -188,7 +188,7 @@ class PendingCount:
         timed = replace(
             profile, seconds=time.perf_counter() - started, call_seconds=call_seconds(output)
         )
-        return with_coverage(timed, job.task, job.workload, profile.flops_executed)
+        return with_coverage(timed, job.task, job.workload)
 
     def cancel(self) -> None:
         self.close()

@@ -171,14 +171,15 @@ def matrix_instructions(
 
 
 def with_coverage(
-    profile: InstructionProfile, task: Task, workload: Mapping[str, Any], flops: int | None
+    profile: InstructionProfile, task: Task, workload: Mapping[str, Any]
 ) -> InstructionProfile:
-    """``profile`` with the coverage of ``flops`` (the matrix instructions' work, None when not
-    measured) against the task's FLOP model on ``workload`` (its axes and sequences)."""
+    """``profile`` with the coverage of its ``flops_executed`` (the matrix instructions' work,
+    None when not measured) against the task's FLOP model on ``workload`` (its axes and
+    sequences)."""
+    flops = profile.flops_executed
     work = task.flops_of(workload["axes"], workload.get("sequences", {}))
     return replace(
         profile,
-        flops_executed=flops,
         coverage=None if flops is None else flops / work,
         min_coverage=task.min_coverage,
     )
@@ -316,8 +317,9 @@ class PendingProfile:
             seconds=time.perf_counter() - started,
             read_seconds=read_seconds,
             call_seconds=profiled_call,
+            flops_executed=_opcode_flops(job, warp_counts),
         )
-        return with_coverage(profile, job.task, job.workload, _opcode_flops(job, warp_counts))
+        return with_coverage(profile, job.task, job.workload)
 
     def cancel(self) -> None:
         self.close()

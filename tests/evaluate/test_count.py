@@ -163,18 +163,19 @@ def test_the_matrix_instructions_work_is_summed_and_measured_against_the_task() 
     warps = op // per_warp
     rows = [[name, offset, warps // len(hgmma), 32 * warps // len(hgmma)] for offset in hgmma]
     assert warps % len(hgmma) == 0
-    profile = with_coverage(counts_profile(GEMM, {name: listing}, rows), GEMM, workload, None)
+    unmeasured = replace(counts_profile(GEMM, {name: listing}, rows), flops_executed=None)
+    profile = with_coverage(unmeasured, GEMM, workload)
     assert profile.coverage is None and profile.qualified is True  # not measured: execution
     counted = counts_profile(GEMM, {name: listing}, rows)
     assert counted.flops_executed == op
-    full = with_coverage(counted, GEMM, workload, counted.flops_executed)
+    full = with_coverage(counted, GEMM, workload)
     assert full.coverage == pytest.approx(1.0) and full.min_coverage == GEMM.min_coverage
     assert full.qualified is True
     # One warpgroup's wgmma beside a product done otherwise: executed, but not qualified.
     token_rows = [[name, hgmma[0], 4, 128]]
     token = counts_profile(GEMM, {name: listing}, token_rows)
     assert token.families["compute"] is True
-    token = with_coverage(token, GEMM, workload, token.flops_executed)
+    token = with_coverage(token, GEMM, workload)
     assert token.coverage == pytest.approx(4 * per_warp / op)
     assert token.qualified is False
 
