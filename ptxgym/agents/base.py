@@ -20,6 +20,11 @@ class Reply:
     text: str
     generation: dict[str, Any] = field(default_factory=dict)
 
+    @classmethod
+    def of(cls, action: str | Reply) -> Reply:
+        """A session's action as a Reply (a plain string says nothing of how it was made)."""
+        return action if isinstance(action, Reply) else cls(action)
+
 
 class AgentError(RuntimeError):
     """The agent cannot go on (its endpoint is down, its key refused, its model unknown): the

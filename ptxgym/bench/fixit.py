@@ -148,12 +148,10 @@ def fixit(
             feedback=record.feedback.strip(),
         )
         session = teacher.session()
-        reply = session.act(
-            request, {"turn": 0, "messages": [{"role": "user", "content": request}]}
+        reply = Reply.of(
+            session.act(request, {"turn": 0, "messages": [{"role": "user", "content": request}]})
         )
-        text, generation = (
-            (reply.text, reply.generation) if isinstance(reply, Reply) else (reply, {})
-        )
+        text, generation = reply.text, reply.generation
         extraction = language.extract(text)
         if extraction.source is None:
             attempt = Attempt(

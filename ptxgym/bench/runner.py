@@ -147,11 +147,9 @@ def run(
             for _ in range(len(history), plan.turns):
                 if stop.is_set():
                     return
-                action = session.act(observation, info)
-                if isinstance(action, Reply):
-                    recorder.generation = action.generation
-                    action = action.text
-                observation, _, _, _, info = recorder.step(action)
+                reply = Reply.of(session.act(observation, info))
+                recorder.generation = reply.generation
+                observation, _, _, _, info = recorder.step(reply.text)
                 with shown:
                     bar.set_postfix_str(f"{task_id} v{variant} #{trajectory}: {info['status']}")
                     bar.update()
