@@ -18,7 +18,6 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
-from pathlib import Path
 from typing import Any
 
 import yaml
@@ -78,13 +77,10 @@ def _devices() -> tuple[dict[str, Any], ...]:
     return tuple(yaml.safe_load(listing.read_text(encoding="utf-8"))["devices"])
 
 
-def peaks_for(name: str, sm_count: int | None = None, devices: Path | None = None) -> Peaks | None:
+def peaks_for(name: str, sm_count: int | None = None) -> Peaks | None:
     """The peaks of the device called ``name`` (as it reports itself), with ``sm_count`` SMs;
     None for a device ``envs/devices.yaml`` does not list."""
-    entries = (
-        yaml.safe_load(devices.read_text(encoding="utf-8"))["devices"] if devices else _devices()
-    )
-    for entry in entries:
+    for entry in _devices():
         if entry["match"] in name:
             scale = min(1.0, sm_count / entry["sms"]) if sm_count else 1.0
             return Peaks(
