@@ -1,10 +1,14 @@
-"""Shared test setup: a private build cache, GPU tests skipped where there is no GPU, and how the
-H100 pack's checks are built (by their CPU build test and their GPU run alike)."""
+"""Shared test setup: a private build cache, GPU tests skipped where there is no GPU, how the
+H100 pack's checks are built (by their CPU build test and their GPU run alike), and how the
+docs' snippets run as plain scripts (on CPU and on a GPU host alike)."""
 
 from __future__ import annotations
 
+import os
 import shutil
-from collections.abc import Iterator
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -48,3 +52,25 @@ def pack_h100_build() -> list[str]:
         str(repo / "packs" / "h100"),
         str(repo / "tests" / "gpu" / "pack_h100_wrappers.cu"),
     ]
+
+
+@pytest.fixture
+def run_script(tmp_path: Path) -> Callable[[str], subprocess.CompletedProcess[str]]:
+    """Runs Python code as a plain script of its own (no ``__main__`` guard added, nothing
+    defined ahead of it) in a fresh folder, importing this checkout's ptxgym."""
+    root = Path(__file__).resolve().parents[1]
+
+    def run(code: str) -> subprocess.CompletedProcess[str]:
+        script = tmp_path / "snippet.py"
+        script.write_text(code, encoding="utf-8")
+        return subprocess.run(
+            [sys.executable, str(script)],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            cwd=tmp_path,
+            env={**os.environ, "PYTHONPATH": os.pathsep.join([str(root), *sys.path])},
+            check=False,
+        )
+
+    return run

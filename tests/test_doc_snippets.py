@@ -5,11 +5,10 @@ runs the README's on a GPU. docs/benchmarks.md holds records of runs, not snippe
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
-import sys
 import textwrap
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -40,16 +39,8 @@ def test_snippets_are_found() -> None:
 
 @pytest.mark.nvcc
 @pytest.mark.parametrize(("place", "code"), _snippets(), ids=[p for p, _ in _snippets()])
-def test_snippet_runs_as_a_plain_script(place: str, code: str, tmp_path: Path) -> None:
-    script = tmp_path / "snippet.py"
-    script.write_text(code, encoding="utf-8")
-    result = subprocess.run(
-        [sys.executable, str(script)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=tmp_path,
-        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), *sys.path])},
-        check=False,
-    )
+def test_snippet_runs_as_a_plain_script(
+    place: str, code: str, run_script: Callable[[str], subprocess.CompletedProcess[str]]
+) -> None:
+    result = run_script(code)
     assert result.returncode == 0, f"{place}:\n{result.stderr[-3000:]}"

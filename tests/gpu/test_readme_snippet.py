@@ -4,10 +4,9 @@ tests/test_doc_snippets.py runs every snippet of the docs, this one compile-only
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
-import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -28,23 +27,15 @@ def _snippet() -> str:
     return found.group(1)
 
 
-def test_the_readme_snippet_runs_as_a_plain_script(tmp_path: Path) -> None:
+def test_the_readme_snippet_runs_as_a_plain_script(
+    run_script: Callable[[str], subprocess.CompletedProcess[str]],
+) -> None:
     snippet = _snippet()
     task_id = re.search(r'gym\.make\("([^"]+)"', snippet)
     assert task_id, "the snippet makes no env"
     if reason := incompatibility(get_task(task_id.group(1))):
         pytest.skip(reason)
-    script = tmp_path / "snippet.py"
-    script.write_text(snippet)
-    result = subprocess.run(
-        [sys.executable, str(script)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=tmp_path,
-        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), *sys.path])},
-        check=False,
-    )
+    result = run_script(snippet)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "bootstrapping" not in result.stderr
     assert result.stdout.startswith("PASSED"), result.stdout[-2000:]
