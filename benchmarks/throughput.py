@@ -49,6 +49,7 @@ STAGES = (
     "worker_start",
     "gpu_wait",
     "correctness",
+    "checks_gpu",
     "timing",
     "worker_gpu",
     "memcheck",
@@ -83,6 +84,7 @@ def trajectory(
                 "qualified": outcome["qualified"],
                 # Why the profile is unknown, when it is (a load-dependent failure shows here).
                 "profile_reason": (outcome["profile"] or {}).get("reason", ""),
+                "profile_method": (outcome["profile"] or {}).get("method", ""),
                 "stages": outcome["stage_seconds"],
             }
         )
@@ -104,14 +106,18 @@ TOOL_CALL_STAGES = tuple(
 ) + tuple(f"timing_{phase}" for phase in TIMING_PHASES)
 
 
-# The stages during which an evaluation holds the GPU alone (ptxgym.device.lock): one GPU can do
-# at most 3600 / (their sum) evaluations per hour, whatever the concurrency.
-EXCLUSIVE_STAGES = ("worker_gpu", "memcheck_gpu", "racecheck_gpu", "profile_gpu")
+# The stages during which an evaluation may hold the GPU alone (ptxgym.device.lock): one GPU can
+# do at most 3600 / (their sum) evaluations per hour, whatever the concurrency. The worker holds
+# it alone for its timing (its checks share it), as does a Nsight Compute profile for its call;
+# the sanitizers' calls and a CUPTI count share it.
+EXCLUSIVE_STAGES = ("worker_gpu", "profile_gpu")
 
 
 def exclusive_s(record: dict[str, Any]) -> float:
     """Seconds one evaluation held the GPU alone."""
-    return sum(record["stages"].get(stage, 0.0) for stage in EXCLUSIVE_STAGES)
+    return record["stages"].get("worker_gpu", 0.0) + (
+        record["stages"].get("profile_gpu", 0.0) if record["profile_method"] == "ncu" else 0.0
+    )
 
 
 def p50_latency(records: list[dict[str, Any]]) -> dict[str, Any]:

@@ -195,7 +195,11 @@ def _qualification(outcome: Outcome, task: Task) -> list[str]:
     return lines + _profiler_facts(profile.kernels)
 
 
-_COUNTED_BY = {"ncu": "Nsight Compute", "cupti": "CUPTI SASS metrics"}
+_COUNTED_BY = {
+    "ncu": "Nsight Compute",
+    "cupti": "CUPTI SASS metrics",
+    "sass": "the build's SASS",
+}
 
 
 def _profiler_facts(kernels: tuple[KernelFacts, ...]) -> list[str]:

@@ -125,6 +125,12 @@ def counts_profile(
     )
 
 
+# Why a profile decided from the build's SASS alone was not counted (its method is "sass").
+NO_TARGETS_NOTE = (
+    "not run: the build's SASS holds none of the target instructions, so none of them can execute"
+)
+
+
 class PendingCount:
     """A count run started ahead of need: ``finish`` hands it one call's job and joins its
     counts with the library's listing; ``cancel`` drops it. Interchangeable with
@@ -163,6 +169,23 @@ class PendingCount:
         if self.failure is not None or self.call is None:
             return unknown(self.failure or "the count was not started")
         try:
+            listing = target_addresses(Path(job.library), job.task)
+        except RuntimeError as exc:
+            self.close()
+            return unknown(f"the library's SASS could not be listed: {exc}")
+        if not any(function.targets for function in listing.values()):
+            # Absent cannot execute: no run needed to know that nothing of the families did.
+            self.close()
+            static = InstructionProfile(
+                True,
+                method="sass",
+                note=NO_TARGETS_NOTE,
+                families=families_executed(job.task, {}),
+                flops_executed=0,
+                seconds=time.perf_counter() - started,
+            )
+            return with_coverage(static, job.task, job.workload)
+        try:
             code, output = self.call.run(job, timeout_s)
             if code is None:
                 return unknown(f"the counted run did not finish within {timeout_s:.0f} s")
@@ -179,12 +202,9 @@ class PendingCount:
             rows = json.loads(raw)
             if not isinstance(rows, list):
                 raise CountsRefused("the counts are not a list of rows")
-            listing = target_addresses(Path(job.library), job.task)
             profile = counts_profile(job.task, listing, rows)
         except (ValueError, CountsRefused) as exc:  # json's errors are ValueErrors too
             return unknown(f"the counts were refused: {exc}")
-        except RuntimeError as exc:
-            return unknown(f"the library's SASS could not be listed: {exc}")
         timed = replace(
             profile, seconds=time.perf_counter() - started, call_seconds=call_seconds(output)
         )

@@ -25,7 +25,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -194,8 +194,9 @@ class Verdict:
     sanitizers: tuple[SanitizerReport, ...] = ()
     profile: InstructionProfile | None = None
     seconds: float = 0.0
-    # Wall seconds per stage: state, worker_start, gpu_wait, correctness, timing, memcheck,
-    # racecheck, profile and profile_read, its report reading (only the stages that ran).
+    # Wall seconds per stage: state, worker_start, gpu_wait, correctness, checks_gpu, timing,
+    # worker_gpu, memcheck, racecheck, profile and profile_read, its report reading (only the
+    # stages that ran).
     stage_seconds: dict[str, float] = field(default_factory=dict)
     # Which confinement steps took effect in the worker that ran the candidate.
     isolation: dict[str, bool] = field(default_factory=dict)
@@ -577,32 +578,40 @@ class Judge:
         with self._mutex:
             self._in_flight += 1
             in_flight = self._in_flight
+        tools = ThreadPoolExecutor(max_workers=len(self.tool_runs.kinds) or 1)
+        early: dict[ToolKind, _ToolCall] = {}
         try:
             self.tool_runs.top_up(in_flight)
+            job = CallJob(task, library, states[0].spec.payload(), states[0].tool_inputs)
+            # The tools whose calls share the GPU get the word with the worker's job: their
+            # calls run beside its checks (all shared), not after its timing.
+            early = {kind: self._give_word(tools, kind, job) for kind in self._shared_tools()}
             mark = time.perf_counter()
             worker = self._take_worker()
             stages["worker_start"] = time.perf_counter() - mark
+            # Correctness holds the GPU shared (beside other checks, never beside a timing);
+            # the timing holds it alone, from the last check's answer to the worker's end.
+            holds = _WorkerHolds(self.device, self.settings.exclusive_chain_s, stages)
             try:
-                # Correctness and timing hold the GPU: nothing else of ours runs on it meanwhile.
-                with self._gpu_alone() as waited:
-                    stages["gpu_wait"] = waited
-                    held_from = time.perf_counter()
+                with holds:
                     try:
-                        verdict = self._run(task, library, states, worker, stages)
+                        verdict = self._run(task, library, states, worker, stages, holds.alone)
                     finally:
                         # Gone before the GPU is released: memory it holds or work it left
                         # running must not reach the next user of the GPU.
                         log = worker.log_tail()
                         isolation = worker.isolation
                         worker.kill()
-                        # The whole hold: correctness, timing, what lies between and around
-                        # them, and the worker's end.
-                        stages["worker_gpu"] = time.perf_counter() - held_from
             finally:
                 # Started after the timing, not during it; its start-up overlaps other work.
                 self._start_spares()
-            sanitizers, profile = self._finish_tools(task, library, states[0], verdict.status)
+            sanitizers, profile = self._finish_tools(tools, job, verdict.status, early)
+        except BaseException:
+            for call in early.values():  # no verdict will want them
+                call.run.cancel()
+            raise
         finally:
+            tools.shutdown(wait=False)
             with self._mutex:
                 self._in_flight -= 1
         for report in sanitizers:
@@ -631,32 +640,52 @@ class Judge:
             tools_workload=states[0].spec.name if sanitizers or profile is not None else "",
         )
 
+    def _shared_tools(self) -> list[ToolKind]:
+        """The tool runs whose calls hold the GPU shared, each given its word with the worker's
+        job: the sanitizers, and the profile when CUPTI counts it (Nsight Compute's profile holds
+        the GPU alone: it runs only for a pass, after the timing)."""
+        kinds: list[ToolKind] = [k for k in ("memcheck", "racecheck") if k in self.tool_runs.kinds]
+        if "profile" in self.tool_runs.kinds and self.profile_method == "cupti":
+            kinds.append("profile")
+        return kinds
+
+    def _give_word(self, pool: ThreadPoolExecutor, kind: ToolKind, job: CallJob) -> _ToolCall:
+        run = self.tool_runs.take(kind)
+        return _ToolCall(run, pool.submit(self._finish, run, job))
+
     def _finish_tools(
-        self, task: Task, library: str, state: _WorkloadState, status: Status
+        self,
+        pool: ThreadPoolExecutor,
+        job: CallJob,
+        status: Status,
+        early: dict[ToolKind, _ToolCall],
     ) -> tuple[tuple[SanitizerReport, ...], InstructionProfile | None]:
-        """Run the tools this status calls for on the first workload's first trial inputs, all
-        at once (their GPU parts take turns under the GPU lock). A profile is run for a pass,
-        and kept by the caller only if memcheck agrees."""
+        """The tools this status calls for, on the first workload's first trial inputs: those
+        given their word with the worker's job are awaited (the others among them cancelled),
+        the rest run now, all at once (their GPU parts take turns under the GPU lock). A profile
+        is run for a pass, and kept by the caller only if memcheck agrees."""
         wanted = self._tools(status)
-        if not wanted:
+        for kind, call in early.items():
+            if kind not in wanted:
+                call.run.cancel()  # e.g. a hang, which would hang under the tool too
+        calls = {kind: call for kind, call in early.items() if kind in wanted}
+        late = [kind for kind in wanted if kind not in early]
+        # The profile has the GPU first: its report is written and read after its call, and
+        # the sanitizers' calls fit in that time, where before it they would only delay it.
+        if "profile" in late:
+            late.remove("profile")
+            calls["profile"] = call = self._give_word(pool, "profile", job)
+            if call.run.call is not None:
+                call.run.call.wait_until_gpu_taken(_PROFILE_FIRST_WAIT_S)
+        for kind in late:
+            calls[kind] = self._give_word(pool, kind, job)
+        if not calls:
             return (), None
-        job = CallJob(task, library, state.spec.payload(), state.tool_inputs)
-        chosen = {kind: self.tool_runs.take(kind) for kind in wanted}
-        with ThreadPoolExecutor(max_workers=len(chosen)) as pool:
-            futures = {}
-            # The profile has the GPU first: its report is written and read after its call, and
-            # the sanitizers' calls fit in that time, where before it they would only delay it.
-            if profile_run := chosen.pop("profile", None):
-                futures["profile"] = pool.submit(self._finish, profile_run, job)
-                if profile_run.call is not None:
-                    profile_run.call.wait_until_gpu_taken(_PROFILE_FIRST_WAIT_S)
-            for kind, run in chosen.items():
-                futures[kind] = pool.submit(self._finish, run, job)
-            # Replacements start up while these run (their contexts wait for the GPU shared).
-            with self._mutex:
-                in_flight = self._in_flight
-            self.tool_runs.top_up(in_flight)
-            results = {kind: future.result() for kind, future in futures.items()}
+        # Replacements start up while these run (their contexts wait for the GPU shared).
+        with self._mutex:
+            in_flight = self._in_flight
+        self.tool_runs.top_up(in_flight)
+        results = {kind: call.result.result() for kind, call in calls.items()}
         sanitizers = tuple(r for r in results.values() if isinstance(r, SanitizerReport))
         profile = results.get("profile")
         return sanitizers, profile if isinstance(profile, InstructionProfile) else None
@@ -694,6 +723,7 @@ class Judge:
         states: list[_WorkloadState],
         worker: _Worker,
         stages: dict[str, float],
+        before_timing: Callable[[], None],
     ) -> Verdict:
         plans = {s.spec.name: self._timing_plan() for s in states}
         job = _worker_job(task, hand_library(library, worker.home), states, plans, self.settings)
@@ -713,6 +743,7 @@ class Judge:
                 arena,
                 stages,
                 ended=lambda: _how_it_ended(worker),
+                before_timing=before_timing,
             )
             return conversation.run()
         except (OSError, EOFError) as exc:  # the worker died before it took the arena
@@ -742,6 +773,49 @@ class Judge:
             worker.kill()
         self.tool_runs.close()
         shutil.rmtree(self.folder, ignore_errors=True)
+
+
+@dataclass(frozen=True)
+class _ToolCall:
+    """A tool run given its job and word, and the future of its result."""
+
+    run: PendingRun
+    result: Future[SanitizerReport | InstructionProfile]
+
+
+class _WorkerHolds:
+    """A worker's holds of the GPU: shared from its job on (its correctness stage, beside other
+    checks and never beside a timing), then alone from ``alone`` (its timing) to the end of the
+    block, which comes after the worker is gone. Stage seconds: ``gpu_wait`` (waiting to check,
+    then to time), ``checks_gpu`` (the shared hold) and ``worker_gpu`` (the hold alone, the
+    worker's end included)."""
+
+    def __init__(self, device: int, chain_s: float, stages: dict[str, float]) -> None:
+        self.device = device
+        self.chain_s = chain_s
+        self.stages = stages
+        self.held = contextlib.ExitStack()
+        self.alone_from: float | None = None
+
+    def __enter__(self) -> _WorkerHolds:
+        self.stages["gpu_wait"] = self.held.enter_context(shared_gpu(self.device))
+        self.shared_from = time.perf_counter()
+        return self
+
+    def alone(self) -> None:
+        """Trade the shared hold for the GPU alone (a lock cannot be raised in place: another
+        shared holder may take the turn between)."""
+        self.held.close()
+        self.stages["checks_gpu"] = time.perf_counter() - self.shared_from
+        self.stages["gpu_wait"] += self.held.enter_context(exclusive_gpu(self.device, self.chain_s))
+        self.alone_from = time.perf_counter()
+
+    def __exit__(self, *exc: object) -> None:
+        self.held.close()
+        if self.alone_from is None:
+            self.stages["checks_gpu"] = time.perf_counter() - self.shared_from
+        else:
+            self.stages["worker_gpu"] = time.perf_counter() - self.alone_from
 
 
 def _worker_job(
@@ -861,11 +935,15 @@ class Conversation:
         arena: channel.Arena,
         stages: dict[str, float],
         ended: Callable[[], str],
+        before_timing: Callable[[], None] = lambda: None,
     ) -> None:
         """``stages``: the evaluation's stage seconds, to which the correctness and timing
         stages (and the timing's parts, as the worker reported them) are added. ``ended``: how
-        the worker's process ended, once its end of the channel is closed."""
+        the worker's process ended, once its end of the channel is closed. ``before_timing``:
+        called once every check has passed, before the worker is told to go on to its timing
+        (the judge takes the GPU alone there)."""
         self.settings = settings
+        self.before_timing = before_timing
         self.checks = checks
         self.conn = conn
         self.arena = arena
@@ -999,6 +1077,7 @@ class Conversation:
             return verdict
         if message.due.kind == protocol.CHECK and self.script.due.kind != protocol.CHECK:
             self.stages["correctness"] = time.perf_counter() - self.started
+            self.before_timing()
         self._answer("continue")
         return None
 

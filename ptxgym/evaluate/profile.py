@@ -110,8 +110,9 @@ class InstructionProfile:
 
     ok: bool
     reason: str = ""  # why the profile is unknown, when it is
-    # What counted: "ncu" (Nsight Compute's instrumented run) or "cupti" (CUPTI's SASS metrics
-    # in a run of ours, ptxgym.evaluate.count).
+    # What counted: "ncu" (Nsight Compute's instrumented run), "cupti" (CUPTI's SASS metrics
+    # in a run of ours, ptxgym.evaluate.count) or "sass" (nothing ran: the build's SASS holds
+    # none of the target instructions, ``note`` says so).
     method: str = "ncu"
     # Why the method is not the one asked for (the judge fell back to Nsight Compute), or "".
     note: str = ""

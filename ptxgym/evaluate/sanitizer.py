@@ -76,7 +76,11 @@ class PendingSanitizer:
         sanitizer = find_compute_sanitizer()
         if sanitizer is None:
             return
-        self.call = PendingCall(device=device, prefix=f"ptxgym-{tool}-", lock_startup=lock_startup)
+        # The checked call holds the GPU shared: what it finds does not depend on what else runs,
+        # and it never runs beside a timing (ptxgym.device.lock).
+        self.call = PendingCall(
+            device=device, prefix=f"ptxgym-{tool}-", lock_startup=lock_startup, exclusive=False
+        )
         self.call.start(
             [
                 sanitizer,

@@ -14,7 +14,7 @@ import numpy
 import pytest
 
 from ptxgym import paths
-from ptxgym.build.sass import FunctionListing, flops_per_warp, target_addresses
+from ptxgym.build.sass import LISTING_FILE, FunctionListing, flops_per_warp, target_addresses
 from ptxgym.evaluate import count, cupti_helper
 from ptxgym.evaluate.count import CountsRefused, PendingCount, counts_profile
 from ptxgym.evaluate.profile import InstructionProfile, with_coverage
@@ -50,6 +50,19 @@ def test_the_listing_holds_the_target_instructions_with_their_offsets() -> None:
     assert any(text.startswith("HGMMA.64x256x16") for text in listing.targets.values())
     assert any(text.startswith("UTMALDG") for text in listing.targets.values())
     assert all(offset % 16 == 0 and offset < listing.size for offset in listing.targets)
+
+
+def test_the_build_keeps_its_listing_and_the_join_reads_it(tmp_path: Path) -> None:
+    library, listing = _expert_listing()
+    kept = Path(library).with_name(LISTING_FILE)
+    assert kept.is_file(), "the build did not keep its SASS listing beside its library"
+    # A copy of the library without the kept listing is disassembled anew: the same join.
+    alone = tmp_path / "candidate.so"
+    alone.write_bytes(Path(library).read_bytes())
+    assert target_addresses(alone, GEMM) == listing
+    # With a kept listing, the join reads it instead of disassembling (here: an empty one).
+    alone.with_name(LISTING_FILE).write_text("")
+    assert target_addresses(alone, GEMM) == {}
 
 
 def test_counts_at_target_offsets_give_the_executed_opcodes() -> None:
@@ -134,6 +147,19 @@ def test_a_count_that_cannot_run_is_unknown_and_says_why() -> None:
     profile = PendingCount(device=0).finish(job, timeout_s=60)
     assert profile.ok is False and profile.qualified is None
     assert profile.method == "cupti" and profile.reason
+
+
+def test_a_build_without_target_instructions_is_not_run_and_the_outcome_says_why() -> None:
+    """Absent cannot execute: the naive GEMM's SASS has no HGMMA or UTMA*, so its profile is
+    decided from the listing (here, without a GPU, where a count run would fail)."""
+    build = compile_source((paths.examples_dir() / "naive" / "gemm.cu").read_text(), GEMM)
+    assert build.ok and build.library is not None, build.log
+    workload = {"axes": GEMM.workloads[0].axes, "sequences": {}}
+    job = CallJob(GEMM, build.library, workload, {})
+    profile = PendingCount(device=0).finish(job, timeout_s=60)
+    assert profile.ok and profile.method == "sass" and profile.note == count.NO_TARGETS_NOTE
+    assert profile.families == {"compute": False, "data_movement": False}
+    assert profile.qualified is False and profile.coverage == 0.0
 
 
 def test_an_instructions_warp_and_thread_counts_may_come_in_rows_of_their_own() -> None:

@@ -15,15 +15,18 @@ import stat
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy
 import pytest
 
 from ptxgym.evaluate.judge import Judge, JudgeSettings, _Stage, _WorkloadState
-from ptxgym.evaluate.single_call import _POISON_PATTERNS
-from ptxgym.evaluate.tool_runs import ToolRuns
+from ptxgym.evaluate.profile import InstructionProfile
+from ptxgym.evaluate.sanitizer import SanitizerReport
+from ptxgym.evaluate.single_call import _POISON_PATTERNS, CallJob
+from ptxgym.evaluate.tool_runs import ToolKind, ToolRuns
 from ptxgym.evaluate.worker import _TORCH_DTYPES, poison
 from ptxgym.outcome import Status
 from ptxgym.tasks import get_task
@@ -98,6 +101,7 @@ def judge(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Judge]:
     monkeypatch.setenv("PTXGYM_LOCK_DIR", str(tmp_path / "locks"))
     stand_in = Judge.__new__(Judge)  # the tool logic needs the settings, device and the runs
     stand_in.settings = JudgeSettings(memcheck=True, profile=True)
+    stand_in.profile_method = "ncu"
     stand_in.device = 0
     stand_in._mutex = threading.Lock()
     stand_in._in_flight = 1  # the evaluation under test
@@ -116,6 +120,18 @@ def _library(tmp_path: Path) -> str:
 def _state() -> _WorkloadState:
     inputs = {"A": numpy.array([1, 2], numpy.uint8), "B": numpy.array([3], numpy.uint8)}
     return _WorkloadState(GEMM.workloads[0], [_Stage("trial0", 7, False)], 1.0, "cupti", inputs)
+
+
+def _finish(
+    judge: Judge, tmp_path: Path, status: Status, early: Sequence[ToolKind] = ()
+) -> tuple[tuple[SanitizerReport, ...], InstructionProfile | None]:
+    """The tools for a verdict of ``status``, ``early`` given their word with the worker's job
+    (as the judge does for those whose calls share the GPU)."""
+    state = _state()
+    job = CallJob(GEMM, _library(tmp_path), state.spec.payload(), state.tool_inputs)
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        given = {kind: judge._give_word(pool, kind, job) for kind in early}
+        return judge._finish_tools(pool, job, status, given)
 
 
 def _marks(tmp_path: Path, suffix: str) -> list[Path]:
@@ -152,9 +168,7 @@ def test_runs_wait_started_ahead_sanitizers_per_evaluation_in_flight_profiles_fi
 
 def test_a_crash_runs_memcheck_and_keeps_the_profile_waiting(judge: Judge, tmp_path: Path) -> None:
     judge.tool_runs.top_up(1)
-    sanitizers, profile = judge._finish_tools(
-        GEMM, _library(tmp_path), _state(), Status.RUNTIME_ERROR
-    )
+    sanitizers, profile = _finish(judge, tmp_path, Status.RUNTIME_ERROR)
     (memcheck,) = sanitizers
     assert memcheck.tool == "memcheck" and memcheck.ok and memcheck.clean
     assert memcheck.call_seconds == {"context": 0.5, "gpu_wait": 0.25, "gpu": 1.0}
@@ -174,7 +188,7 @@ def test_a_crash_runs_memcheck_and_keeps_the_profile_waiting(judge: Judge, tmp_p
 
 
 def test_a_pass_runs_both_and_a_hang_runs_neither(judge: Judge, tmp_path: Path) -> None:
-    sanitizers, profile = judge._finish_tools(GEMM, _library(tmp_path), _state(), Status.PASSED)
+    sanitizers, profile = _finish(judge, tmp_path, Status.PASSED)
     assert [s.tool for s in sanitizers] == ["memcheck"]
     # The stand-in reader fails on purpose: the profile ran, and its failure is an unknown.
     assert profile is not None and not profile.ok
@@ -184,8 +198,26 @@ def test_a_pass_runs_both_and_a_hang_runs_neither(judge: Judge, tmp_path: Path) 
     (ncu_taken,) = (p for p in _marks(tmp_path, "taken-at") if p.name.startswith("ncu-"))
     (memcheck_went,) = (p for p in _marks(tmp_path, "went-at") if p.name.startswith("compute-"))
     assert float(memcheck_went.read_text()) >= float(ncu_taken.read_text())
-    assert judge._finish_tools(GEMM, _library(tmp_path), _state(), Status.TIMEOUT) == ((), None)
+    assert _finish(judge, tmp_path, Status.TIMEOUT) == ((), None)
     assert len(_marks(tmp_path, "went")) == 2
+
+
+def test_tools_that_share_the_gpu_go_with_the_worker_and_a_hang_cancels_them(
+    judge: Judge, tmp_path: Path
+) -> None:
+    # A CUPTI count shares the GPU and goes early with the sanitizers; Nsight Compute's
+    # profile holds it alone and waits for a pass.
+    assert judge._shared_tools() == ["memcheck"]
+    judge.profile_method = "cupti"
+    assert judge._shared_tools() == ["memcheck", "profile"]
+    judge.profile_method = "ncu"
+    # Given its word with the worker's job, memcheck's report is the verdict's.
+    (memcheck,), _ = _finish(judge, tmp_path, Status.INCORRECT_NUMERICAL, early=["memcheck"])
+    assert memcheck.ok and memcheck.clean
+    # A hang calls for no tool: the early run is ended, not awaited (it would hang too).
+    started = time.monotonic()
+    assert _finish(judge, tmp_path, Status.TIMEOUT, early=["memcheck"]) == ((), None)
+    assert time.monotonic() - started < 10
 
 
 def test_a_run_whose_program_ended_while_waiting_is_replaced(judge: Judge, tmp_path: Path) -> None:

@@ -111,6 +111,46 @@ def test_broken_kernel_fails_alone_and_the_next_step_passes(env: PTXKernelEnv, n
     assert info["status"] == "PASSED", info["feedback"]
 
 
+SPIN_FROM_CALL = (
+    "__device__ unsigned int calls_so_far;\n"
+    "__global__ void spin_from(unsigned int call) {\n"
+    "  if (atomicAdd(&calls_so_far, 1u) >= call) while (clock64() >= 0) {}\n"
+    "}\n"
+)
+
+
+@pytest.mark.parametrize(
+    ("first_hanging_call", "hold"),
+    [(0, "checks_gpu"), (6, "worker_gpu")],  # the first check's call; the timed loop's second
+    ids=["in_the_checks", "in_the_timed_loop"],
+)
+def test_a_hang_costs_seconds_of_gpu_not_the_stage_deadline(
+    first_hanging_call: int, hold: str
+) -> None:
+    """With the default 300-s stage deadline, a kernel that stops making progress is stopped
+    after one call's bound (max(5 s, 1000 x the library's 1.4 ms)): its hold of the GPU, shared
+    while it is checked and alone while it is timed, lasts seconds."""
+    if reason := incompatibility(GEMM):
+        pytest.skip(reason)
+    env = PTXKernelEnv(
+        "PTX-H100-GEMM", evaluator=LocalGPUEvaluator(settings=JudgeSettings(profile=False))
+    )
+    env.reset(seed=0)
+    try:
+        launch = f"  spin_from<<<1, 1, 0, stream>>>({first_hanging_call}u);\n"
+        info = env.step(variant(ENTRY_OPEN, ENTRY_OPEN + launch, SPIN_FROM_CALL))[4]
+        assert info["status"] == "TIMEOUT", info["feedback"]
+        stages = info["outcome"]["stage_seconds"]
+        print(f"hang from call {first_hanging_call}: {hold} {stages[hold]:.2f} s, step "
+              f"{info['outcome']['seconds']:.2f} s")  # fmt: skip
+        assert stages[hold] <= 10.0
+        if hold == "checks_gpu":
+            assert "worker_gpu" not in stages  # never held the GPU alone
+        assert env.step(NAIVE_GEMM)[4]["status"] == "PASSED"
+    finally:
+        env.close()
+
+
 def test_b200_task_says_it_needs_sm100() -> None:
     reason = incompatibility(get_task("PTX-B200-GEMM"))
     assert reason is not None and "sm_100" in reason
