@@ -159,14 +159,16 @@ class JudgeSettings:
     racecheck: bool = False
     sanitizer_timeout_s: float = DEFAULT_SANITIZER_TIMEOUT_S
     profile: bool = True
-    # What counts the executed instructions: Nsight Compute's instrumented run ("ncu"), or
-    # CUPTI's SASS metrics in a run of ours ("cupti": no profiler set-up per run, counts of the
-    # target opcodes only, no kernel facts; ptxgym.evaluate.count).
-    profile_method: ProfileMethod = "ncu"
+    # What counts the executed instructions: CUPTI's SASS metrics in a run of ours ("cupti": no
+    # profiler set-up per run, the GPU held shared, counts of the target opcodes only, no kernel
+    # facts; ptxgym.evaluate.count), used once its self-test passes at start-up, else Nsight
+    # Compute's instrumented run ("ncu": the kernel facts of profile_details too).
+    profile_method: ProfileMethod = "cupti"
     profile_timeout_s: float = DEFAULT_PROFILE_TIMEOUT_S
     # The profile also collects each kernel's throughput against the GPU's peaks and its occupancy
     # (ptxgym.evaluate.profile.DETAIL_METRICS) for the feedback: hardware counter passes that hold
-    # the GPU alone about 0.4 s longer per step on the H200.
+    # the GPU alone about 0.4 s longer per step on the H200. Only Nsight Compute collects them:
+    # asked for, they make the profile Nsight Compute's whatever profile_method says.
     profile_details: bool = False
     # Workers and tool runs make their CUDA contexts holding the GPU shared, never beside a
     # timing (ptxgym.device.lock). False lets them start any time. On the H200 at 16 trajectories
@@ -412,6 +414,8 @@ class Judge:
         (``ptxgym.evaluate.count.self_test``), else Nsight Compute."""
         if not (self.settings.profile and self.settings.profile_method == "cupti"):
             return self.settings.profile_method, ""
+        if self.settings.profile_details:
+            return "ncu", ""  # the kernel facts asked for come from Nsight Compute only
         major, minor = self.device_info["capability"]
         reason = count_self_test(self.device, (major, minor))
         if reason is None:

@@ -60,10 +60,12 @@ class ToolRuns:
         return tuple(self._waiting)
 
     def top_up(self, in_flight: int) -> None:
-        """Start runs until each sanitizer has one waiting per evaluation in flight, plus
-        ``spare``, and the profiler ``spare_profiles``."""
+        """Start runs until each sanitizer, and the CUPTI count, has one waiting per evaluation
+        in flight, plus ``spare``, and Nsight Compute's profile ``spare_profiles`` (its process
+        keeps a core busy while it waits; a count run's is an idle Python)."""
         for kind in self._waiting:
-            wanted = self.spare_profiles if kind == "profile" else in_flight + self.spare
+            by_evaluation = kind != "profile" or self.profile_method == "cupti"
+            wanted = in_flight + self.spare if by_evaluation else self.spare_profiles
             while True:
                 with self._mutex:
                     if len(self._waiting[kind]) >= wanted:
