@@ -163,6 +163,8 @@ def _qualification(outcome: Outcome, task: Task) -> list[str]:
     ]
     if profile.note:
         lines.append(f"({profile.note})")
+    if profile.audit:
+        lines.append(f"(Nsight Compute's audit of these counts: {profile.audit})")
     for key, family in task.target.instruction_families.items():
         patterns = [pattern for group in family.all_of for pattern in group]
         if profile.families.get(key):

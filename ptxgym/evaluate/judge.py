@@ -37,8 +37,9 @@ from ptxgym.evaluate import worker_protocol as protocol
 from ptxgym.evaluate.baselines import baseline_key, cached_baseline, store_baseline
 from ptxgym.evaluate.correctness import CheckReport, check_outputs
 from ptxgym.evaluate.count import self_test as count_self_test
+from ptxgym.evaluate.count_audit import audited
 from ptxgym.evaluate.profile import DEFAULT_TIMEOUT_S as DEFAULT_PROFILE_TIMEOUT_S
-from ptxgym.evaluate.profile import InstructionProfile
+from ptxgym.evaluate.profile import InstructionProfile, PendingProfile, profile_metrics
 from ptxgym.evaluate.sanitizer import DEFAULT_TIMEOUT_S as DEFAULT_SANITIZER_TIMEOUT_S
 from ptxgym.evaluate.sanitizer import PendingSanitizer, SanitizerReport
 from ptxgym.evaluate.single_call import CallJob
@@ -165,6 +166,11 @@ class JudgeSettings:
     # Compute's instrumented run ("ncu": the kernel facts of profile_details too).
     profile_method: ProfileMethod = "cupti"
     profile_timeout_s: float = DEFAULT_PROFILE_TIMEOUT_S
+    # The share of CUPTI-counted qualified passes whose call Nsight Compute profiles as well, to
+    # catch counts forged by the candidate's process (ptxgym.evaluate.count_audit): each audit
+    # holds the GPU alone about 1.3 s on the H200, 0.03 s per evaluation at 0.02. 1.0 audits
+    # every one (for the numbers a benchmark reports), 0.0 none.
+    count_audit_rate: float = 0.02
     # The profile also collects each kernel's throughput against the GPU's peaks and its occupancy
     # (ptxgym.evaluate.profile.DETAIL_METRICS) for the feedback: hardware counter passes that hold
     # the GPU alone about 0.4 s longer per step on the H200. Only Nsight Compute collects them:
@@ -631,6 +637,10 @@ class Judge:
             stages.update({f"profile_{k}": v for k, v in profile.call_seconds.items()})
             if verdict.status is not Status.PASSED:
                 profile = None  # memcheck overruled the pass
+            elif self._audit_due(profile):
+                mark = time.perf_counter()
+                profile = self._audit(profile, job)
+                stages["count_audit"] = time.perf_counter() - mark
         # A crash's own words (a Python traceback, a CUDA error) help the next attempt, also
         # when memcheck then named the access behind it.
         return replace(
@@ -643,6 +653,23 @@ class Judge:
             isolation=isolation,
             tools_workload=states[0].spec.name if sanitizers or profile is not None else "",
         )
+
+    def _audit_due(self, profile: InstructionProfile) -> bool:
+        """Whether Nsight Compute audits this qualified CUPTI count (``count_audit_rate``)."""
+        return (
+            profile.method == "cupti"
+            and profile.qualified is True
+            and _random.random() < self.settings.count_audit_rate
+        )
+
+    def _audit(self, profile: InstructionProfile, job: CallJob) -> InstructionProfile:
+        """``profile`` after Nsight Compute counted the same call (``count_audit.audited``)."""
+        run = PendingProfile(
+            device=self.device,
+            metrics=profile_metrics(False),
+            lock_startup=self.settings.lock_startups,
+        )
+        return audited(profile, run.finish(job, self.settings.profile_timeout_s))
 
     def _shared_tools(self) -> list[ToolKind]:
         """The tool runs whose calls hold the GPU shared, each given its word with the worker's

@@ -132,6 +132,10 @@ class InstructionProfile:
     read_seconds: float = 0.0
     # Of ``seconds``, where the profiled call's part went (``single_call.call_seconds``).
     call_seconds: dict[str, float] = field(default_factory=dict)
+    # What Nsight Compute's audit of CUPTI counts found (ptxgym.evaluate.count_audit): "" when
+    # not audited, "agreed: ...", "disagreed" (then ``ok`` is False and ``reason`` says how), or
+    # "inconclusive: ..." when the audit could not be made.
+    audit: str = ""
 
     @property
     def qualified(self) -> bool | None:

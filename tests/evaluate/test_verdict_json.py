@@ -203,6 +203,7 @@ class _Random:
             self.number(),
             self.number(),
             self.mapping(self.number),
+            self.text(),
         )
 
     def verdict(self) -> Verdict:

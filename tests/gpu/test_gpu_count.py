@@ -17,6 +17,7 @@ import pytest
 from ptxgym import paths
 from ptxgym.env import PTXKernelEnv
 from ptxgym.evaluate.count import SELF_TEST_KERNELS, count_candidate
+from ptxgym.evaluate.count_audit import AGREED
 from ptxgym.evaluate.judge import JudgeSettings
 from ptxgym.evaluate.local_gpu import LocalGPUEvaluator, incompatibility
 from ptxgym.evaluate.profile import InstructionProfile, profile_candidate
@@ -226,3 +227,18 @@ def test_a_clustered_gemm_with_224_kb_of_shared_memory_gets_a_definite_verdict()
     workload, inputs = _inputs(GEMM.id)
     profiled = profile_candidate(GEMM, build.library or "", workload, inputs, device=0)
     print(f"ncu on the clustered 224-KB GEMM: ok={profiled.ok} {profiled.reason[:200]}")
+
+
+def test_nsight_computes_audit_agrees_with_the_cupti_counts_of_the_expert_gemm() -> None:
+    settings = JudgeSettings(count_audit_rate=1.0, memcheck=False)
+    env = PTXKernelEnv("PTX-H100-GEMM", evaluator=LocalGPUEvaluator(settings=settings))
+    env.reset()
+    try:
+        info = env.step((EXAMPLES / "expert" / "gemm.cu").read_text())[4]
+    finally:
+        env.close()
+    assert info["status"] == "PASSED", info["feedback"]
+    profile = info["outcome"]["profile"]
+    assert profile["method"] == "cupti" and profile["audit"] == AGREED
+    assert info["outcome"]["qualified"] is True
+    assert "count_audit" in info["outcome"]["stage_seconds"]
