@@ -202,7 +202,7 @@ def summarise(
     # Where a step's seconds go: waiting for a started worker, for the GPU, or the stages.
     stage_medians = {
         stage: statistics.median(r["stages"].get(stage, 0.0) for r in records if "stages" in r)
-        for stage in ("worker_start", "gpu_wait", "correctness", "timing")
+        for stage in ("worker_start", "checks_gpu_wait", "correctness", "gpu_wait", "timing")
         if any("stages" in r for r in records)
     }
     expert = [r["speedup"] for r in records if r["candidate"] == "expert" and r.get("speedup")]

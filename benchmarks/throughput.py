@@ -47,9 +47,10 @@ STAGES = (
     "compile",
     "state",
     "worker_start",
-    "gpu_wait",
+    "checks_gpu_wait",
     "correctness",
     "checks_gpu",
+    "gpu_wait",
     "timing",
     "worker_gpu",
     "memcheck",
@@ -329,6 +330,12 @@ def main() -> None:
     )
     parser.add_argument("--judge-concurrency", type=int, default=8)
     parser.add_argument(
+        "--spare-workers",
+        type=int,
+        default=JudgeSettings.spare_workers,
+        help="workers kept started ahead of need (JudgeSettings.spare_workers)",
+    )
+    parser.add_argument(
         "--unlocked-startups",
         action="store_true",
         help="workers and tool runs make their CUDA contexts without the GPU lock "
@@ -373,6 +380,7 @@ def main() -> None:
     task = get_task(args.task)
     settings = JudgeSettings(
         concurrency=args.judge_concurrency,
+        spare_workers=args.spare_workers,
         lock_startups=not args.unlocked_startups,
         fork_workers=not args.spawn_workers,
         spare_profile_runs=args.spare_profile_runs,

@@ -58,10 +58,11 @@ class Outcome:
     sums over the task's workloads and ``speedup`` is baseline over candidate; ``timings`` has
     each workload's figures. ``checks`` holds every output comparison made, the failing one last;
     ``sanitizers`` what compute-sanitizer's tools found. ``stage_seconds``: wall seconds per stage
-    (compile, state, worker_start, gpu_wait, correctness, checks_gpu: the worker's shared hold of
-    the GPU for its checks, timing, worker_gpu: its hold of the GPU alone, from its timing to its
-    end; memcheck, racecheck, profile, and profile_read: the part of profile spent reading its
-    report). Each tool run also says
+    (compile, state, worker_start, checks_gpu_wait, correctness, checks_gpu: the worker's shared
+    hold of the GPU for its checks, gpu_wait: waiting for the GPU alone, timing, worker_gpu: its
+    hold of the GPU alone, from its timing to its end; memcheck, racecheck, profile,
+    profile_read: the part of profile spent reading its report, and count_audit: Nsight
+    Compute's audit of CUPTI counts, when one ran). Each tool run also says
     where its call's seconds went: ``memcheck_context``, ``memcheck_gpu_wait`` and
     ``memcheck_gpu`` (likewise for racecheck and profile; ``single_call.call_seconds``).
     ``isolation``: which confinement steps took effect in the worker (network_isolated,

@@ -202,9 +202,9 @@ class Verdict:
     sanitizers: tuple[SanitizerReport, ...] = ()
     profile: InstructionProfile | None = None
     seconds: float = 0.0
-    # Wall seconds per stage: state, worker_start, gpu_wait, correctness, checks_gpu, timing,
-    # worker_gpu, memcheck, racecheck, profile and profile_read, its report reading (only the
-    # stages that ran).
+    # Wall seconds per stage: state, worker_start, checks_gpu_wait, correctness, checks_gpu,
+    # gpu_wait, timing, worker_gpu, count_audit, memcheck, racecheck, profile and profile_read,
+    # its report reading (only the stages that ran).
     stage_seconds: dict[str, float] = field(default_factory=dict)
     # Which confinement steps took effect in the worker that ran the candidate.
     isolation: dict[str, bool] = field(default_factory=dict)
@@ -817,9 +817,9 @@ class _ToolCall:
 class _WorkerHolds:
     """A worker's holds of the GPU: shared from its job on (its correctness stage, beside other
     checks and never beside a timing), then alone from ``alone`` (its timing) to the end of the
-    block, which comes after the worker is gone. Stage seconds: ``gpu_wait`` (waiting to check,
-    then to time), ``checks_gpu`` (the shared hold) and ``worker_gpu`` (the hold alone, the
-    worker's end included)."""
+    block, which comes after the worker is gone. Stage seconds: ``checks_gpu_wait`` and
+    ``checks_gpu`` (waiting for the shared hold, and holding it), ``gpu_wait`` and
+    ``worker_gpu`` (waiting for the GPU alone, and holding it, the worker's end included)."""
 
     def __init__(self, device: int, chain_s: float, stages: dict[str, float]) -> None:
         self.device = device
@@ -829,7 +829,7 @@ class _WorkerHolds:
         self.alone_from: float | None = None
 
     def __enter__(self) -> _WorkerHolds:
-        self.stages["gpu_wait"] = self.held.enter_context(shared_gpu(self.device))
+        self.stages["checks_gpu_wait"] = self.held.enter_context(shared_gpu(self.device))
         self.shared_from = time.perf_counter()
         return self
 
@@ -838,7 +838,7 @@ class _WorkerHolds:
         shared holder may take the turn between)."""
         self.held.close()
         self.stages["checks_gpu"] = time.perf_counter() - self.shared_from
-        self.stages["gpu_wait"] += self.held.enter_context(exclusive_gpu(self.device, self.chain_s))
+        self.stages["gpu_wait"] = self.held.enter_context(exclusive_gpu(self.device, self.chain_s))
         self.alone_from = time.perf_counter()
 
     def __exit__(self, *exc: object) -> None:
