@@ -31,6 +31,14 @@ from ptxgym.tasks.packs import KNOWLEDGE_LEVELS
 
 if TYPE_CHECKING:
     from ptxgym.agents.base import Agent
+    from ptxgym.evaluate.judge import JudgeSettings
+
+
+_EVALUATOR_HELP = (
+    "auto (the local GPU when it matches the task, else compile-only), gpu, compile-only, or a "
+    "pool served on a Ray cluster (ptxgym serve): ray://HOST:PORT[/POOL] through Ray Client, "
+    "ray://auto[/POOL] from a node of the cluster"
+)
 
 
 class UnavailableError(Exception):
@@ -102,35 +110,7 @@ def _parser() -> argparse.ArgumentParser:
         command.add_argument("--json", action="store_true", help="print the outcome as JSON")
         command.set_defaults(handler=handler)
         if name == "eval":
-            command.add_argument(
-                "--no-memcheck", action="store_true", help="skip compute-sanitizer memcheck"
-            )
-            command.add_argument(
-                "--racecheck",
-                action="store_true",
-                help="also run compute-sanitizer racecheck (shared-memory races)",
-            )
-            command.add_argument(
-                "--no-profile", action="store_true", help="skip the instruction profile"
-            )
-            command.add_argument(
-                "--profile-details",
-                action="store_true",
-                help="the profile also measures throughput and occupancy (slower; ncu only)",
-            )
-            command.add_argument(
-                "--timing",
-                choices=("cupti", "host-sync"),
-                default="cupti",
-                help="device time through CUPTI (the default; refused where CUPTI is missing), "
-                "or the host's wall clock to a device synchronisation",
-            )
-            command.add_argument(
-                "--profile-method",
-                choices=("ncu", "cupti"),
-                default="ncu",
-                help="count executed instructions with Nsight Compute or CUPTI's SASS metrics",
-            )
+            _add_judge_options(command)
 
     baseline = commands.add_parser(
         "baseline", help="the library baseline's latency per workload on the local GPU"
@@ -162,7 +142,13 @@ def _parser() -> argparse.ArgumentParser:
         help=f"knowledge pack levels ({', '.join(KNOWLEDGE_LEVELS)}); several run the ablation "
         "grid, one plan per level",
     )
-    runner.add_argument("--evaluator", choices=EVALUATORS, default="auto")
+    runner.add_argument(
+        "--evaluator",
+        type=_evaluator_spec,
+        default="auto",
+        metavar="EVALUATOR",
+        help=_EVALUATOR_HELP,
+    )
     runner.add_argument("--agent", choices=["scripted", "openai"], default="scripted")
     runner.add_argument(
         "--concurrency",
@@ -261,11 +247,59 @@ def _parser() -> argparse.ArgumentParser:
     fixing.add_argument("--reasoning-effort")
     fixing.add_argument("--timeout", type=float, default=600.0, metavar="S")
     fixing.add_argument("--max-retries", type=int, default=5)
-    fixing.add_argument("--evaluator", choices=EVALUATORS, default="auto")
+    fixing.add_argument(
+        "--evaluator",
+        type=_evaluator_spec,
+        default="auto",
+        metavar="EVALUATOR",
+        help=_EVALUATOR_HELP,
+    )
     fixing.add_argument("--concurrency", type=int, default=1, metavar="C")
     fixing.add_argument("--limit", type=int, metavar="N", help="at most N failures this time")
     fixing.add_argument("--out", required=True, type=Path, metavar="FIXIT.jsonl")
     fixing.set_defaults(handler=_fixit)
+
+    serving = commands.add_parser(
+        "serve",
+        help="serve build and judge actors on a Ray cluster, for `run --evaluator ray://...` "
+        "(needs ptxgym[ray])",
+    )
+    serving.add_argument(
+        "--address",
+        default="auto",
+        help="the Ray cluster: auto (the one this machine is a node of; the default) or "
+        "ray://HOST:PORT",
+    )
+    serving.add_argument(
+        "--name", default=None, metavar="POOL", help="the pool's name (default: ptxgym)"
+    )
+    action = serving.add_mutually_exclusive_group()
+    action.add_argument("--status", action="store_true", help="list the pool's actors")
+    action.add_argument("--stop", action="store_true", help="end the pool")
+    shape = serving.add_argument_group("the pool to start")
+    shape.add_argument(
+        "--judge",
+        choices=("gpu", "compile-only"),
+        default="gpu",
+        help="gpu: one judge per GPU (the default); compile-only: no GPU, builds are inspected",
+    )
+    shape.add_argument("--gpus", type=int, metavar="N", help="GPU judges (default: every GPU)")
+    shape.add_argument(
+        "--arch",
+        action="append",
+        metavar="SM",
+        help="compile-only: a judge serving this generation (sm_90, sm_100); repeat for more "
+        "(default: one each)",
+    )
+    shape.add_argument("--builders", type=int, metavar="N", help="default: one per node")
+    shape.add_argument(
+        "--builds-per-builder", type=int, metavar="N", help="builds one builder runs at once"
+    )
+    shape.add_argument(
+        "--max-in-flight", type=int, metavar="N", help="requests one judge holds at once"
+    )
+    _add_judge_options(serving.add_argument_group("what GPU judges run (as for eval)"))
+    serving.set_defaults(handler=_serve)
 
     demo = commands.add_parser(
         "demo", help="run the example kernels through the real pipeline and report"
@@ -279,6 +313,77 @@ def _parser() -> argparse.ArgumentParser:
     )
     demo.set_defaults(handler=_demo)
     return parser
+
+
+def _add_judge_options(command: argparse._ActionsContainer) -> None:
+    """What the GPU judge runs beyond correctness and timing, and how (``eval``, ``serve``)."""
+    command.add_argument(
+        "--no-memcheck", action="store_true", help="skip compute-sanitizer memcheck"
+    )
+    command.add_argument(
+        "--racecheck",
+        action="store_true",
+        help="also run compute-sanitizer racecheck (shared-memory races)",
+    )
+    command.add_argument("--no-profile", action="store_true", help="skip the instruction profile")
+    command.add_argument(
+        "--profile-details",
+        action="store_true",
+        help="the profile also measures throughput and occupancy (slower; ncu only)",
+    )
+    command.add_argument(
+        "--timing",
+        choices=("cupti", "host-sync"),
+        default="cupti",
+        help="device time through CUPTI (the default; refused where CUPTI is missing), "
+        "or the host's wall clock to a device synchronisation",
+    )
+    command.add_argument(
+        "--profile-method",
+        choices=("ncu", "cupti"),
+        default="cupti",  # JudgeSettings.profile_method (the judge is imported only when used)
+        help="count executed instructions with Nsight Compute or CUPTI's SASS metrics",
+    )
+
+
+def _judge_settings(args: argparse.Namespace) -> JudgeSettings:
+    from ptxgym.evaluate.judge import JudgeSettings
+
+    return JudgeSettings(
+        memcheck=not args.no_memcheck,
+        racecheck=args.racecheck,
+        profile=not args.no_profile,
+        profile_details=args.profile_details,
+        profile_method=args.profile_method,
+        timing_method=args.timing,
+    )
+
+
+def _evaluator_spec(text: str) -> str:
+    """An evaluator's name, or a served Ray pool (``ray://HOST:PORT[/POOL]``, ``ray://auto``)."""
+    if text in EVALUATORS:
+        return text
+    from ptxgym.evaluate.ray_pool import parse_spec
+
+    try:
+        parse_spec(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{exc}; or one of {', '.join(EVALUATORS)}") from None
+    return text
+
+
+def _evaluator(spec: str) -> str | Evaluator:
+    """A name as it is (each task resolves it), or the client of the served Ray pool it names,
+    shared by every task of the run (the caller closes it)."""
+    if spec in EVALUATORS:
+        return spec
+    from ptxgym.evaluate.local_gpu import EvaluatorError
+    from ptxgym.evaluate.ray_pool import RayEvaluator
+
+    try:
+        return RayEvaluator.from_spec(spec)
+    except (EvaluatorError, ImportError, ConnectionError) as exc:
+        raise UnavailableError(f"{spec}: {exc}") from exc
 
 
 def _sorted_tasks() -> list[Task]:
@@ -359,19 +464,11 @@ def compile_file(task: Task, path: Path) -> Outcome:
 
 
 def _eval(args: argparse.Namespace) -> int:
-    from ptxgym.evaluate.judge import JudgeSettings
     from ptxgym.evaluate.local_gpu import EvaluatorError, LocalGPUEvaluator
 
-    settings = JudgeSettings(
-        memcheck=not args.no_memcheck,
-        racecheck=args.racecheck,
-        profile=not args.no_profile,
-        profile_details=args.profile_details,
-        profile_method=args.profile_method,
-        timing_method=args.timing,
-    )
+    evaluator = LocalGPUEvaluator(settings=_judge_settings(args))
     try:
-        return _report_candidate(args, LocalGPUEvaluator(settings=settings), success=Status.PASSED)
+        return _report_candidate(args, evaluator, success=Status.PASSED)
     except EvaluatorError as exc:
         raise UnavailableError(str(exc)) from exc
 
@@ -429,6 +526,11 @@ def _run(args: argparse.Namespace) -> int:
     except ValueError:
         raise ValueError(f"--variants takes numbers such as 0,1,2, not {args.variants!r}") from None
     levels = tuple(part.strip() for part in args.knowledge.split(",") if part.strip())
+    try:
+        agent = _agent(args)
+    except AgentError as exc:
+        raise UnavailableError(str(exc)) from exc
+    evaluator = _evaluator(args.evaluator)
     plans = [
         RunPlan(
             name=args.name or args.out.stem,
@@ -437,14 +539,10 @@ def _run(args: argparse.Namespace) -> int:
             trajectories=args.trajectories,
             turns=args.turns,
             knowledge=level,
-            evaluator=args.evaluator,
+            evaluator=evaluator,
         )
         for level in levels
     ]
-    try:
-        agent = _agent(args)
-    except AgentError as exc:
-        raise UnavailableError(str(exc)) from exc
     try:
         for plan in plans:
             run(plan, agent, args.out, progress=not args.no_progress, concurrency=args.concurrency)
@@ -464,6 +562,8 @@ def _run(args: argparse.Namespace) -> int:
         close = getattr(agent, "close", None)
         if close is not None:
             close()
+        if not isinstance(evaluator, str):
+            evaluator.close()
     print(report.report([args.out]), end="")
     print(f"Records: {args.out} (run {plans[0].name!r}).")
     if summary := _token_summary(args.out, plans[0].name, args.prices):
@@ -554,11 +654,12 @@ def _fixit(args: argparse.Namespace) -> int:
         teacher = OpenAIAgent(settings)
     except AgentError as exc:
         raise UnavailableError(str(exc)) from exc
+    evaluator = _evaluator(args.evaluator)
     try:
         stats = fixit(
             args.runs,
             teacher,
-            args.evaluator,
+            evaluator,
             args.out,
             concurrency=args.concurrency,
             limit=args.limit,
@@ -570,6 +671,8 @@ def _fixit(args: argparse.Namespace) -> int:
         ) from exc
     finally:
         teacher.close()
+        if not isinstance(evaluator, str):
+            evaluator.close()
     print(
         f"Fixit: {stats['attempts']} attempts, {stats['verified']} verified repairs, "
         f"{stats['records']} records in {args.out}"
@@ -580,6 +683,59 @@ def _fixit(args: argparse.Namespace) -> int:
             f"({numbers['repair_rate']:.0%})"
         )
     return 0
+
+
+def _serve(args: argparse.Namespace) -> int:
+    """Start (or list, or end) a named pool on a Ray cluster, and say how to reach it."""
+    from ptxgym.evaluate import ray_pool
+    from ptxgym.evaluate.local_gpu import EvaluatorError
+    from ptxgym.evaluate.ray_actors import PoolError
+
+    name = args.name or ray_pool.DEFAULT_POOL
+    try:
+        with ray_pool.connected(args.address) as ray:
+            if args.stop:
+                count = ray_pool.stop_pool(name)
+                print(f"Pool {name!r} ended ({count} actors).")
+                return 0
+            if args.status:
+                members = ray_pool.pool_members(name)
+            else:
+                spec = ray_pool.plan_pool(
+                    judge=args.judge,
+                    arches=args.arch,
+                    gpus=args.gpus,
+                    builders=args.builders,
+                    builds_per_builder=args.builds_per_builder,
+                    max_in_flight=args.max_in_flight,
+                    settings=_judge_settings(args) if args.judge == "gpu" else None,
+                )
+                members = ray_pool.serve_pool(name, spec)
+            client = _client_address(args.address, ray)
+    except (EvaluatorError, PoolError, ImportError, ConnectionError) as exc:
+        raise UnavailableError(str(exc)) from exc
+    print(f"Pool {name!r} on the Ray cluster ({len(members)} actors):")
+    for member in members:
+        print(f"  {member.describe()}")
+    pool = "" if name == ray_pool.DEFAULT_POOL else f"/{name}"
+    print(
+        f"It runs until `ptxgym serve --stop{'' if not pool else ' --name ' + name}` or the "
+        "cluster ends. Reach it:\n"
+        f"  ptxgym run --evaluator {client}{pool} ...\n"
+        f"  RayEvaluator(address={client!r}, pool={name!r})   # ptxgym.evaluate.ray_pool\n"
+        f"  gym.make(ID, evaluator={client + pool!r})\n"
+        f"From a node of the cluster, ray://auto{pool} reaches it without Ray Client."
+    )
+    return 0
+
+
+def _client_address(address: str, ray: Any) -> str:
+    """How a client off the cluster reaches it: Ray Client on the head node (port 10001 unless
+    `ray start --ray-client-server-port` said otherwise)."""
+    if address.startswith("ray://"):
+        return address
+    head = str(ray.get_runtime_context().gcs_address).rpartition(":")[0]
+    return f"ray://{head}:10001"
 
 
 def _report(args: argparse.Namespace) -> int:

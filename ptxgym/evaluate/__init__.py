@@ -1,11 +1,13 @@
 """Evaluation: a candidate source in, an :class:`~ptxgym.outcome.Outcome` out.
 
 ``evaluator`` holds the :class:`Evaluator` protocol and ``make_evaluator``; ``build_step`` the
-policy-and-build stage every evaluator starts with; ``compile_only`` and ``local_gpu`` are the two
-evaluators. Behind ``local_gpu``: the ``judge`` (in its own process, ``judge_server``, answering in
-``verdict_json``) runs the candidate in a confined ``worker`` under the exact ``worker_protocol``,
-with ``correctness``, ``timing`` and ``baselines``, and starts the tool runs (``tool_runs``:
-``sanitizer`` and ``profile``, each a ``single_call`` of the candidate).
+policy-and-build stage every evaluator starts with; ``compile_only`` and ``local_gpu`` are the
+evaluators of one machine, and ``ray_pool`` spreads both over a Ray cluster (its actors in
+``ray_actors``). Behind ``local_gpu``: the ``judge`` (in its own process, ``judge_server``,
+answering in ``verdict_json``) runs the candidate in a confined ``worker`` under the exact
+``worker_protocol``, with ``correctness``, ``timing`` and ``baselines``, and starts the tool runs
+(``tool_runs``: ``sanitizer``, and ``count`` or ``profile``, each a ``single_call`` of the
+candidate; ``count_audit`` checks a share of the counts against a profile).
 
 The names below are imported on first use, so importing one module of this package never pulls
 in the judge (and torch) by way of this file.
@@ -24,6 +26,7 @@ _EXPORTS = {
     "build_candidate": "ptxgym.evaluate.build_step",
     "LocalGPUEvaluator": "ptxgym.evaluate.local_gpu",
     "incompatibility": "ptxgym.evaluate.local_gpu",
+    "RayEvaluator": "ptxgym.evaluate.ray_pool",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -35,10 +35,16 @@ def make_evaluator(spec: str | Evaluator, task: Task) -> Evaluator:
 
     ``gpu`` runs candidates on the local GPU (``ptxgym.evaluate.local_gpu``, imported only
     then: it brings the judge); ``auto`` is ``gpu`` when a GPU of the task's architecture is
-    visible and ``compile-only`` otherwise, with a warning that says why.
+    visible and ``compile-only`` otherwise, with a warning that says why. ``ray://HOST:PORT``
+    (or ``ray://auto``), with an optional ``/POOL``, is a client of a pool served on a Ray
+    cluster (``ptxgym.evaluate.ray_pool``, which imports Ray only then).
     """
     if isinstance(spec, Evaluator):
         return spec
+    if spec.startswith("ray://"):
+        from ptxgym.evaluate.ray_pool import RayEvaluator
+
+        return RayEvaluator.from_spec(spec)
     if spec == "compile-only":
         return CompileOnlyEvaluator()
     if spec in ("auto", "gpu"):
@@ -51,4 +57,7 @@ def make_evaluator(spec: str | Evaluator, task: Task) -> Evaluator:
             return local_gpu.LocalGPUEvaluator()
         warnings.warn(f"{reason}: evaluating compile-only", stacklevel=3)
         return CompileOnlyEvaluator()
-    raise ValueError(f"unknown evaluator {spec!r}; choose one of {EVALUATORS} or pass an object")
+    raise ValueError(
+        f"unknown evaluator {spec!r}; choose one of {EVALUATORS}, ray://HOST:PORT[/POOL], or "
+        "pass an object"
+    )

@@ -21,8 +21,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from multiprocessing.connection import Connection
 from typing import Any
 
-from ptxgym.build.result import DEFAULT_COMPILE_TIMEOUT_S
-from ptxgym.device.gpus import visible_gpus
+from ptxgym.build.result import DEFAULT_COMPILE_TIMEOUT_S, CompileResult
+from ptxgym.device.gpus import GPUInfo, physical_device, visible_gpus
 from ptxgym.evaluate.build_step import build_candidate
 from ptxgym.evaluate.judge import JudgeSettings, Verdict
 from ptxgym.evaluate.judge_server import (
@@ -49,12 +49,27 @@ class EvaluatorError(RuntimeError):
     """The evaluator itself failed (not the candidate): a missing dependency or a wrong GPU."""
 
 
+def gpu_of(device: int = 0) -> GPUInfo | None:
+    """The GPU that is CUDA device ``device`` of this process, or None when there is none.
+
+    NVML numbers every GPU of the machine, whatever CUDA_VISIBLE_DEVICES says; a process given
+    a subset (a Ray actor's ``num_gpus``, a scheduler's slot) must look up its own device's
+    entry, not the machine's GPU of the same number. A device named by UUID there is looked
+    up by its number, as before.
+    """
+    gpus = {gpu.index: gpu for gpu in visible_gpus()}
+    try:
+        physical = physical_device(device)
+    except IndexError:  # fewer devices visible to this process than ``device``
+        return None
+    return gpus.get(int(physical) if physical.isdigit() else device)
+
+
 def incompatibility(task: Task, device: int = 0) -> str | None:
     """Why ``task`` cannot run on GPU ``device`` here, or None when it can."""
-    gpus = {gpu.index: gpu for gpu in visible_gpus()}
-    if device not in gpus:
+    gpu = gpu_of(device)
+    if gpu is None:
         return f"{task.id} needs {task.target.devices}; no NVIDIA GPU is visible"
-    gpu = gpus[device]
     if gpu.capability != task.target.compute_capability:
         have = f"sm_{gpu.capability[0]}{gpu.capability[1]}"
         return f"{task.id} needs {task.target.devices}; GPU {device} is {gpu.name} ({have})"
@@ -289,9 +304,26 @@ class LocalGPUEvaluator:
         stopped, build = build_candidate(task, source, self.compile_timeout_s)
         if stopped is not None:
             return stopped
-        assert build is not None and build.library is not None
+        assert build is not None
         # This step's wall time for the build: a cache hit's result keeps its original seconds.
-        compile_seconds = time.perf_counter() - started
+        return self._judge(task, build, time.perf_counter() - started)
+
+    def evaluate_build(self, task: Task, build: CompileResult, compile_seconds: float) -> Outcome:
+        """Correctness and timing of a successful build made elsewhere (its ``library`` a file
+        on this machine), as ``evaluate`` does after its own build: for evaluators that build
+        on other machines (``ptxgym.evaluate.ray_pool``). ``compile_seconds``: the wall time
+        the build took for this step, counted in the outcome's ``seconds``."""
+        if not build.ok or build.library is None:
+            raise ValueError(f"{task.id}: only a successful build with a library can be judged")
+        reason = incompatibility(task, self.device)
+        if reason is not None:
+            raise EvaluatorError(reason)
+        return self._judge(task, build, compile_seconds)
+
+    def _judge(self, task: Task, build: CompileResult, compile_seconds: float) -> Outcome:
+        """The judge's verdict on ``build``, checked against the GPU's speed of light."""
+        assert build.library is not None
+        started = time.perf_counter() - compile_seconds
         deadline = time.time() + self.queue_timeout_s if self.queue_timeout_s is not None else None
         handle = judge_for(self.device, self.settings, self.shared)
         verdict = handle.evaluate(task, build.library, deadline).result()
