@@ -14,9 +14,12 @@ what=${1:-all}
 shift || true
 
 site=${PTXGYM_SITE:-/tmp/ptxgym-site}
-if compgen -G ".whl/*.whl" >/dev/null; then
+# .whl/ holds the base set; .whl-ray/ Ray (trimmed of its Java jars) and what it needs, carried
+# in calls of their own: both together exceed what one call may carry.
+if compgen -G ".whl*/*.whl" >/dev/null; then
+  mapfile -t wheels < <(ls .whl*/*.whl | awk -F/ '!seen[$NF]++')  # a wheel in both: once
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target "$site" .whl/*.whl
+    --target "$site" "${wheels[@]}"
   export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
 fi
 export PYTHONPATH="$PWD:${PYTHONPATH:-}"
