@@ -53,6 +53,19 @@ def _library(task: Task, source: str) -> str:
     return build.library
 
 
+def _step(source: str, **settings: Any) -> dict[str, Any]:
+    """One env step of ``source`` on the GEMM task with the judge ``settings`` (memcheck off);
+    the step's info."""
+    judge = JudgeSettings(memcheck=False, **settings)
+    env = PTXKernelEnv("PTX-H100-GEMM", evaluator=LocalGPUEvaluator(settings=judge))
+    env.reset()
+    try:
+        info: dict[str, Any] = env.step(source)[4]
+    finally:
+        env.close()
+    return info
+
+
 def _count(task: Task, source: str) -> InstructionProfile:
     workload, inputs = _inputs(task.id)
     result = count_candidate(task, _library(task, source), workload, inputs, device=0)
@@ -120,13 +133,7 @@ def test_cupti_counts_equal_nsight_computes(task: Task, source: Path) -> None:
 
 
 def test_the_env_qualifies_the_expert_gemm_with_cupti_counts() -> None:
-    settings = JudgeSettings(profile_method="cupti", memcheck=False)
-    env = PTXKernelEnv("PTX-H100-GEMM", evaluator=LocalGPUEvaluator(settings=settings))
-    env.reset()
-    try:
-        info = env.step((EXAMPLES / "expert" / "gemm.cu").read_text())[4]
-    finally:
-        env.close()
+    info = _step((EXAMPLES / "expert" / "gemm.cu").read_text(), profile_method="cupti")
     assert info["status"] == "PASSED", info["feedback"]
     assert info["outcome"]["qualified"] is True
     assert info["outcome"]["profile"]["method"] == "cupti"
@@ -170,13 +177,7 @@ def test_coverage_is_the_part_of_the_operators_work_the_matrix_instructions_did(
 
 def test_a_token_wgmma_is_correct_but_does_not_qualify_through_the_env() -> None:
     for method in ("cupti", "ncu"):
-        settings = JudgeSettings(profile_method=method, memcheck=False)
-        env = PTXKernelEnv("PTX-H100-GEMM", evaluator=LocalGPUEvaluator(settings=settings))
-        env.reset()
-        try:
-            info = env.step(_token_wgmma_gemm())[4]
-        finally:
-            env.close()
+        info = _step(_token_wgmma_gemm(), profile_method=method)
         assert info["status"] == "PASSED", info["feedback"]
         assert info["outcome"]["qualified"] is False, method
         assert "below the 50% it must do to qualify" in info["feedback"]
@@ -214,13 +215,7 @@ def test_a_clustered_gemm_with_224_kb_of_shared_memory_gets_a_definite_verdict()
     counted = _count(GEMM, source)
     assert counted.qualified is True
     assert counted.coverage == pytest.approx(1.0, rel=1e-9)
-    settings = JudgeSettings(profile_method="cupti", memcheck=False)
-    env = PTXKernelEnv("PTX-H100-GEMM", evaluator=LocalGPUEvaluator(settings=settings))
-    env.reset()
-    try:
-        info = env.step(source)[4]
-    finally:
-        env.close()
+    info = _step(source, profile_method="cupti")
     assert info["status"] == "PASSED", info["feedback"]
     assert info["outcome"]["qualified"] is True
     # What Nsight Compute makes of the same call, for the record (it failed on such launches).
@@ -230,13 +225,7 @@ def test_a_clustered_gemm_with_224_kb_of_shared_memory_gets_a_definite_verdict()
 
 
 def test_nsight_computes_audit_agrees_with_the_cupti_counts_of_the_expert_gemm() -> None:
-    settings = JudgeSettings(count_audit_rate=1.0, memcheck=False)
-    env = PTXKernelEnv("PTX-H100-GEMM", evaluator=LocalGPUEvaluator(settings=settings))
-    env.reset()
-    try:
-        info = env.step((EXAMPLES / "expert" / "gemm.cu").read_text())[4]
-    finally:
-        env.close()
+    info = _step((EXAMPLES / "expert" / "gemm.cu").read_text(), count_audit_rate=1.0)
     assert info["status"] == "PASSED", info["feedback"]
     profile = info["outcome"]["profile"]
     assert profile["method"] == "cupti" and profile["audit"] == AGREED
