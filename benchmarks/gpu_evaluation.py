@@ -28,7 +28,7 @@ REPEATS = 5
 
 
 def step(evaluator: LocalGPUEvaluator, task_id: str, source: str) -> dict[str, Any]:
-    env = PTXKernelEnv(task_id, evaluator=evaluator)
+    env = PTXKernelEnv(task_id, evaluator=evaluator, language=evaluator.language)
     env.reset(seed=0)
     started = time.perf_counter()
     info = env.step(source)[4]
@@ -71,11 +71,17 @@ def main() -> None:
         return
     manifest = yaml.safe_load((paths.examples_dir() / "manifest.yaml").read_text())
     examples = []
+    # One evaluator per action language the manifest names (CUDA when an entry names none).
+    by_language = {evaluator.language: evaluator}
     for entry in manifest["examples"]:
         source = (paths.examples_dir() / entry["file"]).read_text()
+        language = entry.get("language", evaluator.language)
+        if language not in by_language:
+            by_language[language] = LocalGPUEvaluator(language=language)
         for task_id in entry["tasks"]:
             if incompatibility(registry()[task_id]) is None:
-                examples.append(step(evaluator, task_id, source) | {"example": entry["file"]})
+                result = step(by_language[language], task_id, source)
+                examples.append(result | {"example": entry["file"]})
                 print(f"  {task_id} {entry['file']}: {examples[-1]}", flush=True)
     results["examples"] = examples
     save(args.out, results)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any, TypeVar, cast
 
 import torch
 
@@ -80,6 +81,12 @@ class Draws:
         """Return a random permutation of ``0..n-1`` as int32."""
         return torch.randperm(n, generator=self.gen, device=self.device).to(torch.int32)
 
+    def randint(self, low: int, high: int, shape: Sequence[int]) -> torch.Tensor:
+        """Return int32 values drawn uniformly from ``[low, high)`` (never scaled as outliers:
+        indices and labels have no outliers)."""
+        drawn = torch.randint(low, high, tuple(shape), generator=self.gen, device=self.device)
+        return drawn.to(torch.int32)
+
 
 @contextlib.contextmanager
 def highest_precision() -> Iterator[None]:
@@ -139,3 +146,35 @@ class LazyOutputs(Mapping[str, torch.Tensor]):
 
     def __len__(self) -> int:
         return len(self._entries)
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    """The torch dtype a task names (task dtypes are named as torch names them)."""
+    dtype = getattr(torch, name, None)
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(f"{name!r} is not a torch dtype")
+    return dtype
+
+
+# One compiled callable per (function, options): torch.compile caches its graphs per shape on
+# the callable, so the closures of every trial and workload share the compilation.
+_COMPILED: dict[tuple[Callable[..., Any], tuple[tuple[str, object], ...]], Callable[..., Any]] = {}
+_Function = TypeVar("_Function", bound=Callable[..., Any])
+
+
+def compiled(function: _Function, **options: object) -> _Function:
+    """``torch.compile(function)`` (static shapes, default mode: no CUDA graphs, so the timer
+    sees every kernel it launches), made once per function and keyword options."""
+    key = (function, tuple(sorted(options.items())))
+    if key not in _COMPILED:
+        _COMPILED[key] = torch.compile(function, dynamic=False, **options)
+    return cast(_Function, _COMPILED[key])
+
+
+def prepared(
+    run: Callable[[], Mapping[str, torch.Tensor]],
+) -> Callable[[], Mapping[str, torch.Tensor]]:
+    """``run`` after one untimed call (a compilation, a library's plan or autotuning happen
+    there, not in the timed loop)."""
+    run()
+    return run

@@ -28,12 +28,13 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from kernels_ref._common import QK_STD, Draws, highest_precision, require_axes
+from kernels_ref._common import QK_STD, Draws, compiled, highest_precision, prepared, require_axes
 
 __all__ = [
     "bwd_reference",
     "cudnn_bwd",
     "cudnn_fwd",
+    "flex_fwd",
     "fwd_reference",
     "make_bwd_inputs",
     "make_fwd_inputs",
@@ -57,11 +58,15 @@ def _chunks(heads: int, q_len: int, k_len: int) -> tuple[int, int]:
     return h_chunk, q_chunk
 
 
-def _causal_mask(q0: int, q1: int, k_len: int, device: torch.device) -> torch.Tensor:
-    """Return a ``[q1 - q0, k_len]`` bool mask that is True where key j > query i."""
+def _causal_mask(
+    q0: int, q1: int, k_len: int, device: torch.device, window: int = 0
+) -> torch.Tensor:
+    """Return a ``[q1 - q0, k_len]`` bool mask that is True where key j > query i, and with a
+    sliding ``window`` also where j <= i - window (query i sees the ``window`` keys up to it)."""
     qi = torch.arange(q0, q1, device=device).unsqueeze(1)
     kj = torch.arange(k_len, device=device).unsqueeze(0)
-    return kj > qi
+    masked = kj > qi
+    return masked | (kj <= qi - window) if window > 0 else masked
 
 
 def _heads_first(x: torch.Tensor, b: int, q0: int, q1: int, h0: int, h1: int) -> torch.Tensor:
@@ -81,14 +86,16 @@ def make_fwd_inputs(
     device: str = "cuda",
     outliers: bool = False,
     causal: bool = False,
+    window: int = 0,
 ) -> dict[str, torch.Tensor]:
     """Draw bf16 ``Q, K, V`` of shape ``[B, S, H, D]``.
 
     ``Q`` and ``K`` are ``N(0, 2)`` (``QK_STD``), so the scaled scores have standard deviation 2
-    and the softmax is neither uniform nor one-hot; ``V`` is ``N(0, 1)``. ``causal`` does not
-    change the draw; it is accepted because tasks pass their parameters to every callable.
+    and the softmax is neither uniform nor one-hot; ``V`` is ``N(0, 1)``. ``causal`` and
+    ``window`` do not change the draw; they are accepted because tasks pass their parameters to
+    every callable.
     """
-    del causal
+    del causal, window
     b, s, h, d = _axes(axes)
     draws = Draws(device, seed, outliers=outliers)
     shape = (b, s, h, d)
@@ -129,9 +136,10 @@ def make_bwd_inputs(
 
 
 def fwd_reference(
-    inputs: Mapping[str, torch.Tensor], *, causal: bool = False
+    inputs: Mapping[str, torch.Tensor], *, causal: bool = False, window: int = 0
 ) -> dict[str, torch.Tensor]:
-    """Return ``{"O": [B, S, H, D], "LSE": [B, H, S]}`` in float32."""
+    """Return ``{"O": [B, S, H, D], "LSE": [B, H, S]}`` in float32; with ``window`` (causal
+    only), query i attends keys i - window < j <= i."""
     q, k, v = inputs["Q"], inputs["K"], inputs["V"]
     bsz, seq, heads, dim = q.shape
     scale = 1.0 / math.sqrt(dim)
@@ -149,7 +157,8 @@ def fwd_reference(
                     qb = _heads_first(q, b, q0, q1, h0, h1)
                     s = torch.matmul(qb, kb.transpose(1, 2)).mul_(scale)
                     if causal:
-                        s.masked_fill_(_causal_mask(q0, q1, seq, q.device), float("-inf"))
+                        mask = _causal_mask(q0, q1, seq, q.device, window)
+                        s.masked_fill_(mask, float("-inf"))
                     m = s.amax(dim=-1, keepdim=True)
                     p = torch.exp(s.sub_(m))
                     denom = p.sum(dim=-1, keepdim=True)
@@ -348,3 +357,36 @@ def _autograd_bwd(
 
     run()
     return run
+
+
+# --------------------------------------------------------------------------------------------
+# FlexAttention baseline (sliding window: neither cuDNN through SDPA nor FlashInfer, absent on the
+# GPU host, takes one)
+# --------------------------------------------------------------------------------------------
+
+
+def flex_fwd(
+    inputs: Mapping[str, torch.Tensor], *, causal: bool = True, window: int = 0
+) -> Callable[[], Mapping[str, torch.Tensor]]:
+    """Prepare FlexAttention (``torch.compile`` of ``flex_attention``) with a causal
+    sliding-window block mask built once, outside the timed call; return the closure that runs
+    it. The closure returns ``{"O": [B, S, H, D], "LSE": [B, H, S]}`` as views; FlexAttention's
+    public LSE is the natural-log one (it converts its base-2 kernel value)."""
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    if not causal or window <= 0:
+        raise ValueError("flex_fwd is the sliding-window baseline: causal with a window")
+    q, k, v = (_bhsd(inputs[n]) for n in ("Q", "K", "V"))
+    seq = q.shape[2]
+
+    def sliding(b: Any, h: Any, qi: Any, kj: Any) -> Any:
+        return (kj <= qi) & (kj > qi - window)
+
+    mask = create_block_mask(sliding, None, None, seq, seq, device=q.device)
+    attend = compiled(flex_attention)
+
+    def run() -> dict[str, torch.Tensor]:
+        out, lse = attend(q, k, v, block_mask=mask, return_lse=True)
+        return {"O": out.transpose(1, 2), "LSE": lse}
+
+    return prepared(run)

@@ -23,10 +23,10 @@ from ptxgym.build.result import CompilerUnavailable
 from ptxgym.evaluate.compile_only import CompileOnlyEvaluator
 from ptxgym.evaluate.evaluator import EVALUATORS, Evaluator
 from ptxgym.feedback import render_feedback
-from ptxgym.languages import get_language, read_action
+from ptxgym.languages import DEFAULT_LANGUAGE, LANGUAGES, get_language, read_action
 from ptxgym.outcome import Outcome, Status
 from ptxgym.prompt import PROMPT_VARIANTS, build_prompt
-from ptxgym.tasks import Task, get_task, registry
+from ptxgym.tasks import CATEGORIES, Task, get_task, registry
 from ptxgym.tasks.packs import KNOWLEDGE_LEVELS
 
 if TYPE_CHECKING:
@@ -91,6 +91,13 @@ def _parser() -> argparse.ArgumentParser:
         metavar="NAME",
         help="only tasks that run on this GPU, in any case (an H200 runs the H100 tasks)",
     )
+    listing.add_argument(
+        "--category",
+        nargs="?",
+        const="",
+        metavar="NAME",
+        help="only tasks of this category; without NAME, the categories and their task counts",
+    )
     listing.add_argument("--json", action="store_true", help="machine-readable output")
     listing.set_defaults(handler=_list)
 
@@ -98,6 +105,12 @@ def _parser() -> argparse.ArgumentParser:
     prompt.add_argument("task_id", metavar="ID")
     prompt.add_argument("--variant", type=int, choices=PROMPT_VARIANTS, default=0)
     prompt.add_argument("--knowledge", choices=KNOWLEDGE_LEVELS, default="full")
+    prompt.add_argument(
+        "--language",
+        choices=list(LANGUAGES),
+        default=DEFAULT_LANGUAGE,
+        help="the action language (docs/triton.md)",
+    )
     prompt.set_defaults(handler=_prompt)
 
     for name, help_text, handler in (
@@ -106,8 +119,14 @@ def _parser() -> argparse.ArgumentParser:
     ):
         command = commands.add_parser(name, help=help_text)
         command.add_argument("task_id", metavar="ID")
-        command.add_argument("file", metavar="FILE", type=Path, help="CUDA source or model reply")
+        command.add_argument("file", metavar="FILE", type=Path, help="kernel source or model reply")
         command.add_argument("--json", action="store_true", help="print the outcome as JSON")
+        command.add_argument(
+            "--language",
+            choices=list(LANGUAGES),
+            default=DEFAULT_LANGUAGE,
+            help="the action language (docs/triton.md)",
+        )
         command.set_defaults(handler=handler)
         if name == "eval":
             _add_judge_options(command)
@@ -148,6 +167,12 @@ def _parser() -> argparse.ArgumentParser:
         default="auto",
         metavar="EVALUATOR",
         help=_EVALUATOR_HELP,
+    )
+    runner.add_argument(
+        "--language",
+        choices=list(LANGUAGES),
+        default=DEFAULT_LANGUAGE,
+        help="the action language (docs/triton.md)",
     )
     runner.add_argument("--agent", choices=["scripted", "openai"], default="scripted")
     runner.add_argument(
@@ -406,17 +431,49 @@ def _list(args: argparse.Namespace) -> int:
     if gpu is not None and gpu not in _gpu_names():
         raise ValueError(f"--gpu {args.gpu}: not a known GPU; one of {', '.join(_gpu_names())}")
     tasks = [t for t in _sorted_tasks() if gpu is None or gpu in _task_gpu_names(t)]
+    if args.category == "":
+        return _list_categories(tasks, as_json=args.json)
+    if args.category is not None:
+        if args.category not in CATEGORIES:
+            raise ValueError(f"--category {args.category}: one of {', '.join(CATEGORIES)}")
+        tasks = [t for t in tasks if t.category == args.category]
     if args.json:
         _print_json([_task_summary(t) for t in tasks])
         return 0
-    width = max(len(t.id) for t in tasks)
-    print(f"{'id':<{width}}  {'arch':<8} {'workloads':>9}  baseline")
+    width = max((len(t.id) for t in tasks), default=2)
+    print(f"{'id':<{width}}  {'arch':<8} {'category':<14} {'workloads':>9}  baseline")
     for task in tasks:
         print(
-            f"{task.id:<{width}}  {task.arch:<8} {len(task.workloads):>9}  "
+            f"{task.id:<{width}}  {task.arch:<8} {task.category:<14} {len(task.workloads):>9}  "
             f"{task.callables.baseline}"
         )
     print(f"\n{len(tasks)} tasks")
+    return 0
+
+
+def _list_categories(tasks: Sequence[Task], *, as_json: bool) -> int:
+    """Each category (in the documented order) with its tasks and performance tasks counted."""
+    counts = {
+        name: [t for t in tasks if t.category == name]
+        for name in CATEGORIES
+        if any(t.category == name for t in tasks)
+    }
+    if as_json:
+        _print_json(
+            {
+                name: {
+                    "tasks": len(members),
+                    "performance": sum(not t.instructions_required for t in members),
+                }
+                for name, members in counts.items()
+            }
+        )
+        return 0
+    print(f"{'category':<14} {'tasks':>5} {'performance':>11}")
+    for name, members in counts.items():
+        performance = sum(not t.instructions_required for t in members)
+        print(f"{name:<14} {len(members):>5} {performance:>11}")
+    print(f"\n{len(counts)} categories, {len(tasks)} tasks")
     return 0
 
 
@@ -424,20 +481,32 @@ def _task_summary(task: Task) -> dict[str, Any]:
     return {
         "id": task.id,
         "op": task.op,
+        "category": task.category,
+        "kind": task.kind,
         "gpu": task.gpu,
         "arch": task.arch,
         "workloads": [w.name for w in task.workloads],
         "entry_point": task.entry_point.signature,
         "baseline": task.callables.baseline,
+        "baseline_kind": task.callables.baseline_kind,
+        "baseline_name": task.callables.baseline_name,
+        # A performance task requires none: listing its target's would mislead.
         "instruction_families": {
             key: family.name for key, family in task.target.instruction_families.items()
-        },
+        }
+        if task.instructions_required
+        else {},
         "turns": task.turns,
     }
 
 
 def _prompt(args: argparse.Namespace) -> int:
-    prompt = build_prompt(get_task(args.task_id), variant=args.variant, knowledge=args.knowledge)
+    prompt = build_prompt(
+        get_task(args.task_id),
+        variant=args.variant,
+        knowledge=args.knowledge,
+        language=args.language,
+    )
     print(prompt.text, end="")
     tokens = prompt.tokens()
     summary = ", ".join(f"{name} {count:,}" for name, count in tokens.items())
@@ -446,12 +515,14 @@ def _prompt(args: argparse.Namespace) -> int:
 
 
 def _compile(args: argparse.Namespace) -> int:
-    return _report_candidate(args, CompileOnlyEvaluator(), success=Status.COMPILED)
+    evaluator = CompileOnlyEvaluator(language=args.language)
+    return _report_candidate(args, evaluator, success=Status.COMPILED)
 
 
 def evaluate_file(task: Task, path: Path, evaluator: Evaluator) -> Outcome:
-    """Extract the candidate in ``path`` and evaluate it."""
-    extraction = get_language().extract(read_action(path))
+    """Extract the candidate in ``path`` (in the evaluator's language) and evaluate it."""
+    language = get_language(getattr(evaluator, "language", DEFAULT_LANGUAGE))
+    extraction = language.extract(read_action(path))
     if extraction.source is None:
         message = extraction.error or "no source"
         return Outcome(task.id, Status.FORMAT_ERROR, message, evaluator="none")
@@ -466,7 +537,7 @@ def compile_file(task: Task, path: Path) -> Outcome:
 def _eval(args: argparse.Namespace) -> int:
     from ptxgym.evaluate.local_gpu import EvaluatorError, LocalGPUEvaluator
 
-    evaluator = LocalGPUEvaluator(settings=_judge_settings(args))
+    evaluator = LocalGPUEvaluator(settings=_judge_settings(args), language=args.language)
     try:
         return _report_candidate(args, evaluator, success=Status.PASSED)
     except EvaluatorError as exc:
@@ -540,6 +611,7 @@ def _run(args: argparse.Namespace) -> int:
             turns=args.turns,
             knowledge=level,
             evaluator=evaluator,
+            language=args.language,
         )
         for level in levels
     ]
@@ -778,7 +850,12 @@ def _demo(args: argparse.Namespace) -> int:
     for entry in entries:
         # One run per example: two examples for the same task must not resume each other.
         plan = RunPlan(
-            name=entry["file"], tasks=tuple(entry["tasks"]), variants=(0,), trajectories=1, turns=1
+            name=entry["file"],
+            tasks=tuple(entry["tasks"]),
+            variants=(0,),
+            trajectories=1,
+            turns=1,
+            language=entry.get("language", DEFAULT_LANGUAGE),  # examples/manifest.yaml
         )
         with warnings.catch_warnings():
             # "auto" warns for each task it cannot run on this GPU; the header already said so.

@@ -10,7 +10,7 @@ import gymnasium as gym
 
 from ptxgym.evaluate.evaluator import Evaluator, make_evaluator
 from ptxgym.feedback import render_feedback, render_turn
-from ptxgym.languages import MAX_ACTION_CHARS, get_language
+from ptxgym.languages import DEFAULT_LANGUAGE, MAX_ACTION_CHARS, get_language
 from ptxgym.outcome import Outcome, Status
 from ptxgym.prompt import PROMPT_VARIANTS, build_prompt
 from ptxgym.reward import RewardFunction, resolve_reward
@@ -31,13 +31,15 @@ class PTXKernelEnv(gym.Env[str, str]):
     (cuBLAS GEMM, cuDNN attention, FlashInfer GQA) and a fixed workload with a GPU target and
     the architecture-specific instructions the kernel must execute (Hopper: wgmma or TMA;
     Blackwell: tcgen05 MMA with tensor-memory readback, or TMA). The agent writes a CUDA C++
-    translation unit with a C entry point; each step compiles it, evaluates it, and returns
-    feedback for the next attempt.
+    translation unit with a C entry point (or, with ``language="triton"``, a Python module of
+    Triton kernels with an entry function over torch tensors); each step compiles it, evaluates
+    it, and returns feedback for the next attempt.
 
     ## Action Space
 
     ``SourceText``: any ``str`` — a CUDA source, or a model reply holding one; the last
-    ```cuda (or c/c++) block is taken. A non-``str`` action raises ``TypeError``. Bad text
+    ```cuda (or c/c++) block is taken (for Triton: a module, or the last ```python block). A
+    non-``str`` action raises ``TypeError``. Bad text
     (empty, no code, over 2,000,000 characters, invalid UTF-8, binary) ends the step with
     ``FORMAT_ERROR`` and feedback; the episode goes on.
 
@@ -84,8 +86,12 @@ class PTXKernelEnv(gym.Env[str, str]):
     - ``history``: ``full`` (kernels and feedback) or ``feedback-only``.
     - ``reward``: a name (``ladder``, ``binary``) or a callable.
     - ``evaluator``: ``auto`` (the local GPU when it matches the task, else compile-only),
-      ``gpu``, ``compile-only``, or an :class:`~ptxgym.evaluate.evaluator.Evaluator`.
+      ``gpu``, ``compile-only``, or an :class:`~ptxgym.evaluate.evaluator.Evaluator` (made for
+      the same ``language``).
     - ``render_mode``: ``ansi`` or ``human``.
+    - ``language``: the action language, ``cuda`` (default) or ``triton`` (docs/triton.md):
+      the prompt's contract and rules, the extraction, the static policy and the build all
+      follow it.
 
     ## Registered Configurations
 
@@ -108,6 +114,7 @@ class PTXKernelEnv(gym.Env[str, str]):
         reward: str | RewardFunction = "ladder",
         evaluator: str | Evaluator = "auto",
         render_mode: str | None = None,
+        language: str = DEFAULT_LANGUAGE,
     ) -> None:
         self.task = get_task(task_id)
         self.turns = self.task.turns if turns is None else turns
@@ -130,7 +137,9 @@ class PTXKernelEnv(gym.Env[str, str]):
         # process, which must not start GPU workers.
         self._evaluator_spec = evaluator
         self._evaluator: Evaluator | None = None
-        self.language = get_language()
+        self.language = get_language(language)
+        if not isinstance(evaluator, str):
+            make_evaluator(evaluator, self.task, language)  # made for another language: refused
         self.prompt = build_prompt(
             self.task, variant=prompt_variant, knowledge=knowledge, language=self.language.name
         )
@@ -148,7 +157,7 @@ class PTXKernelEnv(gym.Env[str, str]):
     @property
     def evaluator(self) -> Evaluator:
         if self._evaluator is None:
-            self._evaluator = make_evaluator(self._evaluator_spec, self.task)
+            self._evaluator = make_evaluator(self._evaluator_spec, self.task, self.language.name)
         return self._evaluator
 
     def reset(
@@ -175,7 +184,7 @@ class PTXKernelEnv(gym.Env[str, str]):
     def step(self, action: str) -> tuple[str, SupportsFloat, bool, bool, dict[str, Any]]:
         if not isinstance(action, str):
             raise TypeError(
-                f"the action must be a str (CUDA source or a model reply), "
+                f"the action must be a str ({self.language.name} source or a model reply), "
                 f"not {type(action).__name__}"
             )
         if self._turn >= self.turns:

@@ -148,6 +148,12 @@ def _policy_advice(message: str) -> list[str]:
 def _qualification(outcome: Outcome, task: Task) -> list[str]:
     """Which target families executed, how often, and why a correct kernel did not qualify."""
     profile = outcome.profile
+    if not task.instructions_required:
+        return [
+            "",
+            "Performance task: no target instruction family is required; only speed counts.",
+            *(_profiler_facts(profile.kernels) if profile is not None and profile.ok else []),
+        ]
     if profile is None:
         return ["Target instructions executed: unknown (not profiled); unknown never qualifies."]
     if not profile.ok:
@@ -288,7 +294,7 @@ def _resources(build: CompileResult, task: Task) -> list[str]:
                 f"{kernel.stack_bytes} B stack, {spills} B spilled"
                 + (" (spills cost local-memory traffic)" if spills else "")
             )
-        if build.sass is not None:
+        if build.sass is not None and task.instructions_required:
             lines += _sass(build.sass, task)
     else:
         lines.append("No __global__ kernel was compiled: the entry point must launch one.")

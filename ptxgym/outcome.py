@@ -54,7 +54,9 @@ class Outcome:
     """Everything a step learned about one candidate.
 
     ``qualified`` is None when it is unknown (not profiled, or the profile failed): unknown never
-    counts as qualified; ``profile`` holds the executed-opcode counts behind it. Latencies are
+    counts as qualified; ``profile`` holds the executed-opcode counts behind it. For a
+    performance task (``instructions_required`` False) qualification does not apply and
+    ``qualified`` is None; the reward and the metrics read that flag, never the None. Latencies are
     sums over the task's workloads and ``speedup`` is baseline over candidate; ``timings`` has
     each workload's figures. ``checks`` holds every output comparison made, the failing one last;
     ``sanitizers`` what compute-sanitizer's tools found. ``stage_seconds``: wall seconds per stage
@@ -81,6 +83,8 @@ class Outcome:
     baseline_latency_ms: float | None = None
     speedup: float | None = None
     qualified: bool | None = None
+    # False for a performance task: no target instruction family is required (docs/tasks.md).
+    instructions_required: bool = True
     checks: tuple[CheckReport, ...] = ()
     timings: tuple[WorkloadTiming, ...] = ()
     sanitizers: tuple[SanitizerReport, ...] = ()

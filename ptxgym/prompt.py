@@ -18,7 +18,7 @@ from ptxgym.evaluate.timing import (
     TRIALS,
     WARMUP_CALLS,
 )
-from ptxgym.languages import DEFAULT_LANGUAGE, get_language
+from ptxgym.languages import DEFAULT_LANGUAGE, LanguageSections, get_language
 from ptxgym.tasks import Task
 from ptxgym.tasks.packs import PackPart, estimate_tokens, load_pack, pack_header_name
 
@@ -43,13 +43,17 @@ def build_prompt(
     for a candidate written in action ``language``."""
     if variant not in PROMPT_VARIANTS:
         raise ValueError(f"prompt_variant must be one of {PROMPT_VARIANTS}, not {variant!r}")
-    pack = load_pack(task.target.pack, knowledge)
+    writer = get_language(language)
+    # The pack's C++ wrappers only for a language that can include them.
+    pack = [
+        part
+        for part in load_pack(task.target.pack, knowledge)
+        if writer.pack_wrappers or not part.name.endswith(".cuh")
+    ]
     wrappers_shown = any(part.name.endswith(".cuh") for part in pack)
-    own = get_language(language).prompt_sections(
-        task, variant=variant, wrappers_shown=wrappers_shown
-    )
+    own = writer.prompt_sections(task, variant=variant, wrappers_shown=wrappers_shown)
     sections = {
-        "introduction": _introduction(task, variant),
+        "introduction": _introduction(task, variant, own),
         "task": _task_section(task),
         "interface": own.interface,
         "target": _target_section(task, own.build),
@@ -69,16 +73,14 @@ def build_prompt(
     return Prompt(text, {name: sections[name] for name in order})
 
 
-def _introduction(task: Task, variant: int) -> str:
-    goal = (
-        f"a correct and fast CUDA kernel for {task.op} on an NVIDIA {task.gpu} "
-        f"({task.target.arch}) that really executes the architecture-specific instructions "
-        f"{_family_names(task)}"
-    )
+def _introduction(task: Task, variant: int, own: LanguageSections) -> str:
+    goal = f"a correct and fast {own.kernel} for {task.op} on an NVIDIA {task.gpu} "
+    goal += f"({task.target.arch})"
+    if task.instructions_required:
+        families = _family_names(task)
+        goal += f" that really executes the architecture-specific instructions {families}"
     if variant == 0:
-        return (
-            f"# Task {task.id}\n\nWrite {goal}, using inline PTX where CUDA C++ has no equivalent."
-        )
+        return f"# Task {task.id}\n\nWrite {goal}, {own.approach}."
     if variant == 1:
         return (
             f"# Task {task.id}\n\nYou are an expert GPU kernel engineer. Your job: {goal}. "
@@ -144,6 +146,15 @@ def _target_section(task: Task, build: str) -> str:
         "",
         "### Required instructions",
         "",
+    ]
+    if not task.instructions_required:
+        # A performance task (docs/tasks.md): no family to qualify with, only speed counts.
+        lines.append(
+            "None: this is a performance task. Every correct kernel counts, whatever "
+            "instructions it executes; what matters is its speed against the baseline."
+        )
+        return "\n".join(lines)
+    lines += [
         "A correct kernel qualifies only if, while it runs, it executes at least one family:",
         "",
     ]
@@ -165,8 +176,16 @@ def _target_section(task: Task, build: str) -> str:
     return "\n".join(lines)
 
 
+def _tolerances(task: Task) -> str:
+    """The allclose tolerances: one pair for every output, or each output's where they differ."""
+    pairs = {name: task.tolerance_for(name) for name in task.definition.outputs}
+    text = {name: f"atol={t.atol:g}, rtol={t.rtol:g}" for name, t in pairs.items()}
+    if len(set(text.values())) == 1:
+        return next(iter(text.values()))
+    return "; ".join(f"{name}: {value}" for name, value in text.items())
+
+
 def _evaluation_section(task: Task) -> str:
-    tolerance = task.tolerance
     return "\n".join(
         [
             "## Evaluation",
@@ -175,7 +194,7 @@ def _evaluation_section(task: Task) -> str:
             "2. Correctness on fresh random inputs for each trial: outputs are filled with a "
             "poison value before each call, so every element must be written; shapes and dtypes "
             "must match; `allclose(out, ref, "
-            f"atol={tolerance.atol:g}, rtol={tolerance.rtol:g})` against a float32 reference; no "
+            f"{_tolerances(task)})` against a float32 reference; no "
             "NaN/Inf; inputs must be unchanged after the call. A second stage repeats the check "
             "on inputs with a few large outliers.",
             f"3. Timing: {WARMUP_CALLS} warm-up and then {TIMED_CALLS} timed calls per trial, "

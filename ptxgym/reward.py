@@ -37,10 +37,18 @@ def speed_score(speedup: float) -> float:
     return min(1.0, max(0.0, (math.log2(speedup) + 1.0) / 2.0)) if speedup > 0 else 0.0
 
 
+def qualifies(outcome: Outcome) -> bool:
+    """Correct, and executed the target instructions where the task requires them: a
+    performance task requires none, so every correct kernel of one qualifies (docs/reward.md)."""
+    return outcome.status.correct and (
+        outcome.qualified is True or not outcome.instructions_required
+    )
+
+
 def ladder(outcome: Outcome) -> Reward:
     """compiled < ran < correct < correct with the target instructions, plus a speed term."""
     status = outcome.status
-    qualified = status.correct and outcome.qualified is True
+    qualified = qualifies(outcome)
     components = {
         "compiled": COMPILED if status.compiled else 0.0,
         "ran": RAN if status.ran else 0.0,
@@ -54,8 +62,9 @@ def ladder(outcome: Outcome) -> Reward:
 
 
 def binary(outcome: Outcome) -> Reward:
-    """1 for a correct kernel that executed the target instructions, else 0."""
-    success = outcome.status.correct and outcome.qualified is True
+    """1 for a correct kernel that executed the target instructions (where the task requires
+    them), else 0."""
+    success = qualifies(outcome)
     return Reward(1.0 if success else 0.0, {"success": 1.0 if success else 0.0})
 
 

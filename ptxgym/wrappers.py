@@ -41,7 +41,9 @@ from ptxgym.bench.metrics import (
     summarize,
     turn_correctness,
 )
+from ptxgym.bench.quality import measure as measure_quality
 from ptxgym.bench.records import TurnRecord, append_line
+from ptxgym.bench.transitions import transition
 from ptxgym.build.result import CompileResult, CompilerUnavailable
 from ptxgym.device.gpus import visible_gpus
 from ptxgym.env import PTXKernelEnv
@@ -71,7 +73,12 @@ _PASSED = Status.PASSED.value
 
 def _turn(info: Mapping[str, Any]) -> Turn:
     outcome = info["outcome"]
-    return Turn(info["status"] == _PASSED, outcome["qualified"], outcome["speedup"])
+    return Turn(
+        info["status"] == _PASSED,
+        outcome["qualified"],
+        outcome["speedup"],
+        outcome["instructions_required"],
+    )
 
 
 def episode_metrics(turns: Sequence[Turn]) -> dict[str, Any]:
@@ -195,6 +202,8 @@ class TrajectoryRecorder(gym.Wrapper[str, str, str, str]):
         self.generation: dict[str, Any] = {}
         self._last_trajectory = -1
         self._versions: dict[str, str] | None = None
+        # The current trajectory's last recorded turn, for the next turn's transition.
+        self._previous: TurnRecord | None = None
         self.path.parent.mkdir(parents=True, exist_ok=True)
 
     @property
@@ -217,7 +226,13 @@ class TrajectoryRecorder(gym.Wrapper[str, str, str, str]):
         index = self._next_index((options or {}).get("trajectory"))
         observation, info = self.env.reset(seed=seed, options=options)
         self.trajectory = self._last_trajectory = index
+        self._previous = None
         return observation, info
+
+    def continue_after(self, record: TurnRecord) -> None:
+        """Take ``record`` as the current trajectory's last turn (a trajectory resumed from
+        its records): the next turn's transition is from it."""
+        self._previous = record
 
     def step(self, action: str) -> tuple[str, SupportsFloat, bool, bool, dict[str, Any]]:
         started = time.perf_counter()
@@ -226,6 +241,7 @@ class TrajectoryRecorder(gym.Wrapper[str, str, str, str]):
         if self.trajectory is None:  # a step with no reset before it starts trajectory 0
             self.trajectory = self._last_trajectory = self._next_index()
         record = self._record(info, float(reward), seconds)
+        self._previous = record
         self.generation = {}
         append_line(self.path, record.to_json() + "\n", TurnRecord.from_json)
         return observation, reward, terminated, truncated, info
@@ -234,7 +250,9 @@ class TrajectoryRecorder(gym.Wrapper[str, str, str, str]):
         """The record of a step of the current trajectory, from its ``info``."""
         assert self.trajectory is not None
         outcome = dict(info["outcome"])
-        return TurnRecord(
+        task = self._ptx.task
+        quality = measure_quality(info["source"], self._ptx.language.name)
+        record = TurnRecord(
             run=self.run,
             task_id=info["task_id"],
             prompt_variant=self._ptx.prompt_variant,
@@ -259,7 +277,14 @@ class TrajectoryRecorder(gym.Wrapper[str, str, str, str]):
             timestamp=datetime.now(UTC).isoformat(timespec="milliseconds"),
             outcome=outcome,
             generation=dict(self.generation),
+            category=task.category,
+            instructions_required=task.instructions_required,
+            quality={} if quality is None else quality.to_dict(),
         )
+        if self._previous is None or self._previous.trajectory != record.trajectory:
+            return record
+        step = transition(self._previous.as_transition_turn(), record.as_transition_turn())
+        return replace(record, transition=step.to_dict())
 
 
 # --------------------------------------------------------------------------------------------
@@ -373,6 +398,7 @@ def _outcome(record: TurnRecord) -> Outcome:
         baseline_latency_ms=record.baseline_latency_ms,
         speedup=record.speedup,
         qualified=record.qualified,
+        instructions_required=record.instructions_required,
     )
 
 
@@ -443,8 +469,9 @@ def export_flashinfer(records: Iterable[TurnRecord], out_dir: str | os.PathLike[
     :func:`ptxgym.interop.flashinfer_trace.write_trace_set` for every task with such a turn; each
     turn adds ``solutions/<definition>/<name>.json`` (see :func:`solution_name`; the author is the
     record's agent) and one trace per workload to ``traces/<op_type>/<definition>.jsonl``. Files are
-    rewritten whole, so exporting the same records again gives the same dataset. Returns the files
-    written.
+    rewritten whole, so exporting the same records again gives the same dataset. Tasks that
+    FlashInfer-Trace cannot describe (``flashinfer_trace.export_problem``) are left out. Returns
+    the files written.
     """
     root = Path(out_dir)
     by_task: dict[str, list[TurnRecord]] = {}
@@ -453,6 +480,7 @@ def export_flashinfer(records: Iterable[TurnRecord], out_dir: str | os.PathLike[
             if record.source is not None:
                 by_task.setdefault(record.task_id, []).append(record)
     tasks = [get_task(task_id) for task_id in by_task]
+    tasks = [task for task in tasks if trace.export_problem(task) is None]
     written = trace.write_trace_set(root, tasks)
     owners: dict[str, tuple[str, tuple[str, int, str, int, int]]] = {}
     for task in tasks:

@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # On a bare GPU host (no package registry): install the wheels carried in .whl/, then run the GPU
-# tests and the benchmarks. Usage: scripts/gpu_host.sh [tests|bench|soak|all] [pytest args...]
-# (soak, the 500-step hostile soak of benchmarks/soak.py, is not part of all: it takes minutes.)
+# tests and the benchmarks. Usage: scripts/gpu_host.sh [tests|bench|soak|collection|all]
+# [pytest args...] (soak, the 500-step hostile soak of benchmarks/soak.py, is not part of all: it
+# takes minutes; neither is collection, the broad task collection's references, baselines and
+# category examples of tests/gpu/test_task_collection.py, whose torch.compile baselines compile
+# for minutes on a cold cache.)
 # Results go to $OUT (default benchmarks/out): the pytest logs and the benchmark JSON/markdown.
 #
 # The GPU tests start with a smoke test (one correct candidate through the judge; nothing else
@@ -69,6 +72,12 @@ if [[ $what == bench || $what == all ]]; then
   python3 benchmarks/disturbance.py --out "$out" | tee "$out/disturbance.md" || status=1
   python3 benchmarks/cpu_cost.py --out "$out" | tee "$out/cpu_cost.md" || status=1
   python3 benchmarks/agent_overlap.py --out "$out/agent_overlap" | tee "$out/agent_overlap.md" || status=1
+fi
+if [[ $what == collection ]]; then
+  pytest_args=("$@")
+  gpu_tests collection tests/gpu/test_task_collection.py || status=1
+  echo "== collection: $(tail -n 1 "$out/pytest-gpu-collection.log")"
+  grep -E "^(FAILED|ERROR)" "$out/pytest-gpu-collection.log" || true
 fi
 if [[ $what == soak ]]; then
   # SOAK_MAX_SECONDS: stop and report before a time-limited host ends the run.

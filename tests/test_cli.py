@@ -12,6 +12,7 @@ import pytest
 
 from ptxgym import paths
 from ptxgym.cli import main
+from ptxgym.tasks import CATEGORIES, registry
 
 NAIVE_GEMM = paths.examples_dir() / "naive" / "gemm.cu"
 
@@ -23,17 +24,44 @@ def run(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_list_json_prints_all_30_ids() -> None:
+def test_list_json_prints_every_id() -> None:
     result = run("list", "--json")
     assert result.returncode == 0, result.stderr
     ids = [task["id"] for task in json.loads(result.stdout)]
-    assert len(ids) == len(set(ids)) == 30
+    assert len(ids) == len(set(ids)) == len(registry())
 
 
 def test_list_filters_by_gpu(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["list", "--gpu", "B200"]) == 0
     out = capsys.readouterr().out
-    assert "PTX-B200-GEMM" in out and "PTX-H100-GEMM" not in out and "15 tasks" in out
+    b200 = sum(task.gpu == "B200" for task in registry().values())
+    assert "PTX-B200-GEMM" in out and "PTX-H100-GEMM" not in out and f"{b200} tasks" in out
+
+
+def test_list_categories_counts_tasks_and_performance_tasks(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["list", "--category"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    rows = {line.split()[0]: line.split()[1:] for line in lines[1:] if line.strip()}
+    attention = sum(task.category == "attention" for task in registry().values())
+    assert rows["gemm"][1] == "0" and rows["attention"] == [str(attention), "0"]
+    assert rows["elementwise"][0] == rows["elementwise"][1]  # all performance tasks
+    assert main(["list", "--category", "--json"]) == 0
+    counts = json.loads(capsys.readouterr().out)
+    assert sum(entry["tasks"] for entry in counts.values()) == len(registry())
+    assert list(counts) == [name for name in CATEGORIES if name in counts]
+
+
+def test_list_one_category(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["list", "--category", "softmax", "--gpu", "H100", "--json"]) == 0
+    listed = json.loads(capsys.readouterr().out)
+    assert {task["id"] for task in listed} == {
+        tid for tid, t in registry().items() if t.category == "softmax" and t.gpu == "H100"
+    }
+    assert all(task["kind"] == "performance" and task["category"] == "softmax" for task in listed)
+    assert main(["list", "--category", "nope"]) == 2
+    assert "one of gemm, attention" in capsys.readouterr().err
 
 
 def test_prompt_prints_the_prompt_and_token_counts(capsys: pytest.CaptureFixture[str]) -> None:
@@ -104,7 +132,8 @@ def test_list_by_gpu_name_in_any_case_includes_the_gpus_that_run_the_tasks(
     for name in ("h100", "H200", "h200"):
         assert main(["list", "--gpu", name, "--json"]) == 0
         ids = [task["id"] for task in json.loads(capsys.readouterr().out)]
-        assert len(ids) == 15 and all(task_id.startswith("PTX-H100-") for task_id in ids)
+        h100 = sum(task.gpu == "H100" for task in registry().values())
+        assert len(ids) == h100 and all(task_id.startswith("PTX-H100-") for task_id in ids)
     assert main(["list", "--gpu", "gb200", "--json"]) == 0
     assert "PTX-B200-GEMM" in capsys.readouterr().out
 

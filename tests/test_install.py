@@ -18,6 +18,9 @@ DISTRIBUTIONS = {
     "cupti": "cupti-python",
     "cuda": "cuda-bindings",
     "flashinfer": "flashinfer-python",
+    # lizard's distribution installs its extensions and language readers as modules of their own.
+    "lizard_ext": "lizard",
+    "lizard_languages": "lizard",
 }
 
 

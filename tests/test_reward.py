@@ -65,3 +65,17 @@ def test_binary_is_one_only_for_a_correct_qualified_kernel() -> None:
     assert binary(outcome(Status.PASSED, qualified=True)).total == 1.0
     assert binary(outcome(Status.PASSED, qualified=None)).total == 0.0
     assert binary(outcome(Status.INCORRECT_NUMERICAL, qualified=True)).total == 0.0
+
+
+def test_a_performance_task_pays_the_qualified_rung_to_every_correct_kernel() -> None:
+    correct = Outcome(
+        "PTX-H100-GELU", Status.PASSED, "", "gpu", speedup=2.0, instructions_required=False
+    )
+    assert correct.qualified is None
+    assert ladder(correct).components["qualified"] == pytest.approx(0.3)
+    assert ladder(correct).total == pytest.approx(1.0)
+    assert binary(correct).total == 1.0
+    wrong = Outcome(
+        "PTX-H100-GELU", Status.INCORRECT_NUMERICAL, "", "gpu", instructions_required=False
+    )
+    assert ladder(wrong).components["qualified"] == 0.0 and binary(wrong).total == 0.0

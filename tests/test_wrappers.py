@@ -213,6 +213,13 @@ def test_recorder_syncs_a_line_per_step(tmp_path: Path) -> None:
         assert {"ptxgym", "python", "nvcc"} <= set(record.versions)
     records = list(read_records(path))
     assert [r.as_turn() for r in records] == [WRONG, PLAIN, QUALIFIED_FAST]
+    assert {(r.category, r.instructions_required) for r in records} == {("gemm", True)}
+    assert all(r.quality["lines"] >= 1 and r.quality["tool"] for r in records)
+    # Each turn after the first records its transition from the one before, with the diff.
+    assert records[0].transition == {}
+    assert records[1].transition["events"] == ["fixed"]
+    assert records[2].transition["events"] == ["faster"]
+    assert records[2].transition["diff"].startswith("--- turn 2\n+++ turn 3\n")
     assert (records[2].latency_ms, records[2].baseline_latency_ms) == (1.0, 2.0)
     assert [r.correct for r in records] == [False, True, True]
     assert [TurnRecord.from_json(r.to_json()) for r in records] == records

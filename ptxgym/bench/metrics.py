@@ -11,6 +11,10 @@ turns). Over a set of trajectories, restricted to each trajectory's first ``k`` 
 - Fast_p: the fraction of turns that are correct with speedup > p; Fast_p^Inst also requires
   qualification.
 
+A performance task (``instructions_required`` False: no target instruction family) has only the
+unrestricted metrics: the target-instruction variants are over the turns of instruction tasks
+alone, and ``None`` for a set of performance tasks.
+
 Every metric is a fraction of turns (or a maximum over turns), so trajectories of different
 lengths and many tasks can be pooled. With no turns at all, rates are ``None``, not 0.
 """
@@ -30,6 +34,8 @@ class Turn:
     correct: bool
     qualified: bool | None
     speedup: float | None
+    # False for a turn of a performance task: the target-instruction variants leave it out.
+    instructions_required: bool = True
 
     def counts(self, *, inst: bool) -> bool:
         """Correct, and (for the target-instruction variants) qualified for certain."""
@@ -39,15 +45,22 @@ class Turn:
 Trajectory = Sequence[Turn]
 
 
-def _turns(trajectories: Iterable[Trajectory], k: int | None) -> list[Turn]:
-    return [turn for trajectory in trajectories for turn in trajectory[:k]]
+def _turns(trajectories: Iterable[Trajectory], k: int | None, inst: bool = False) -> list[Turn]:
+    """The first ``k`` turns of every trajectory; for a target-instruction metric only those of
+    tasks that require the instructions (a performance task has no such metric)."""
+    return [
+        turn
+        for trajectory in trajectories
+        for turn in trajectory[:k]
+        if not inst or turn.instructions_required
+    ]
 
 
 def turn_correctness(
     trajectories: Iterable[Trajectory], *, k: int | None = None, inst: bool = False
 ) -> float | None:
     """Fraction of the first-``k`` turns that are correct (and qualified, with ``inst``)."""
-    turns = _turns(trajectories, k)
+    turns = _turns(trajectories, k, inst)
     if not turns:
         return None
     return sum(turn.counts(inst=inst) for turn in turns) / len(turns)
@@ -59,7 +72,7 @@ def best_speedup(
     """Largest speedup among the first-``k`` turns that count; ``None`` if none does."""
     speedups = [
         turn.speedup
-        for turn in _turns(trajectories, k)
+        for turn in _turns(trajectories, k, inst)
         if turn.counts(inst=inst) and turn.speedup is not None
     ]
     return max(speedups) if speedups else None
@@ -69,7 +82,7 @@ def fast_p(
     trajectories: Iterable[Trajectory], p: float, *, k: int | None = None, inst: bool = False
 ) -> float | None:
     """Fraction of the first-``k`` turns that count and are faster than ``p`` × the baseline."""
-    turns = _turns(trajectories, k)
+    turns = _turns(trajectories, k, inst)
     if not turns:
         return None
     fast = sum(

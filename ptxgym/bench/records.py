@@ -17,9 +17,13 @@ from typing import Any
 
 import gymnasium as gym
 
+from ptxgym.bench import transitions
 from ptxgym.bench.metrics import Turn
 
-SCHEMA_VERSION = 1
+# Version 2 added the task's category and kind, the code-quality metrics and the transition
+# from the turn before; a version-1 record reads with their defaults.
+SCHEMA_VERSION = 2
+_READABLE_SCHEMAS = (1, SCHEMA_VERSION)
 
 
 @dataclass(frozen=True)
@@ -52,6 +56,15 @@ class TurnRecord:
     # How the agent's model produced the action, when a model did (ptxgym.agents): the reply in
     # full, the model, prompt and completion tokens, seconds, finish reason, attempts.
     generation: dict[str, Any] = field(default_factory=dict)
+    # The task's category (docs/tasks.md) and whether it requires target instructions (False:
+    # a performance task, which has no Fast_p^Inst).
+    category: str = ""
+    instructions_required: bool = True
+    # The source's code-quality metrics (ptxgym.bench.quality.CodeQuality), empty without one.
+    quality: dict[str, Any] = field(default_factory=dict)
+    # The transition from the trajectory's previous turn in the recording process
+    # (ptxgym.bench.transitions.Transition: events and diff); empty for a first turn.
+    transition: dict[str, Any] = field(default_factory=dict)
     schema: int = SCHEMA_VERSION
 
     @property
@@ -60,7 +73,10 @@ class TurnRecord:
         return (self.task_id, self.prompt_variant, self.knowledge, self.trajectory, self.turn)
 
     def as_turn(self) -> Turn:
-        return Turn(self.correct, self.qualified, self.speedup)
+        return Turn(self.correct, self.qualified, self.speedup, self.instructions_required)
+
+    def as_transition_turn(self) -> transitions.Turn:
+        return transitions.Turn(self.turn, self.status, self.correct, self.speedup, self.source)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
@@ -71,9 +87,9 @@ class TurnRecord:
 
     @classmethod
     def from_data(cls, data: dict[str, Any]) -> TurnRecord:
-        if data.get("schema") != SCHEMA_VERSION:
+        if data.get("schema") not in _READABLE_SCHEMAS:
             raise ValueError(f"trajectory record schema {data.get('schema')!r} is not supported")
-        return cls(**data)
+        return cls(**{**data, "schema": SCHEMA_VERSION})
 
 
 def read_records(path: Path) -> Iterator[TurnRecord]:

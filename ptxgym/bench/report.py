@@ -9,7 +9,10 @@ for a model), then shown as the mean over variants with the min–max across the
 table the target-instruction value comes first and the unrestricted value follows in parentheses.
 Each run also says what was measured whatever ran: how many turns were built, and which target
 instructions their SASS holds; when no turn reached a GPU, the table and the plot say that their
-zeros were not measured.
+zeros were not measured. Each run's tasks are then grouped by category (docs/tasks.md): per
+category, the metrics pooled over its tasks (target-instruction values only over the tasks that
+require the instructions), the transitions between consecutive turns (fixed, regressed, faster,
+slower) and the code-quality means of the submitted sources.
 """
 
 from __future__ import annotations
@@ -32,8 +35,9 @@ from ptxgym.bench.metrics import (
     summarize,
 )
 from ptxgym.bench.records import TurnRecord, read_records
+from ptxgym.bench.transitions import EVENTS, trajectory_transitions
 from ptxgym.outcome import Status
-from ptxgym.tasks import get_task
+from ptxgym.tasks import CATEGORIES, get_task
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -42,9 +46,11 @@ if TYPE_CHECKING:
 
 Format = Literal["md", "csv", "json"]
 FORMATS: tuple[Format, ...] = ("md", "csv", "json")
-CsvTable = Literal["tasks", "models"]
-CSV_TABLES: tuple[CsvTable, ...] = ("tasks", "models")
+CsvTable = Literal["tasks", "models", "categories"]
+CSV_TABLES: tuple[CsvTable, ...] = ("tasks", "models", "categories")
 UNDEFINED = "–"
+# The category of a record that names none (schema 1) and whose task is not registered here.
+UNCATEGORIZED = "uncategorized"
 NOTHING_RAN = "No turn ran on a GPU"
 
 
@@ -428,17 +434,24 @@ def report(
     runs = load(paths)
     table = rows(runs, ps)
     models = model_rows(runs, ps)
+    categories = category_rows(runs, ps)
     if plot is not None:
         plot_fast_p(runs, plot)
     if fmt == "csv":
-        return _csv([row.flat() for row in (models if csv_table == "models" else table)])
+        chosen: dict[CsvTable, Sequence[ModelRow | Row | CategoryRow]] = {
+            "models": models,
+            "tasks": table,
+            "categories": categories,
+        }
+        return _csv([row.flat() for row in chosen[csv_table]])
     if fmt == "json":
         document = {
             "models": [row.flat() for row in models],
             "tasks": [row.flat() for row in table],
+            "categories": [row.flat() for row in categories],
         }
         return json.dumps(document, indent=2) + "\n"
-    return _markdown(runs, table, ps, models)
+    return _markdown(runs, table, ps, models, categories)
 
 
 def load(paths: Sequence[Path]) -> list[RecordedRun]:
@@ -565,6 +578,212 @@ def rows(runs: Sequence[RecordedRun], ps: Sequence[float]) -> list[Row]:
     return table
 
 
+def category_of(task_id: str, records: Sequence[TurnRecord]) -> str:
+    """A task's category: as its records name it, else as the registry does."""
+    named = next((record.category for record in records if record.category), "")
+    if named:
+        return named
+    try:
+        return get_task(task_id).category
+    except KeyError:
+        return UNCATEGORIZED
+
+
+@dataclass(frozen=True)
+class Quality:
+    """The means of the code-quality metrics over the turns whose records have them."""
+
+    turns: int
+    lines: float | None
+    cyclomatic_max: float | None
+    maintainability: float | None
+
+    @classmethod
+    def of(cls, records: Sequence[TurnRecord]) -> Quality:
+        measured = [record.quality for record in records if record.quality]
+
+        def mean(key: str) -> float | None:
+            values = [float(q[key]) for q in measured if isinstance(q.get(key), int | float)]
+            return sum(values) / len(values) if values else None
+
+        return cls(len(measured), mean("lines"), mean("cyclomatic_max"), mean("maintainability"))
+
+
+@dataclass(frozen=True)
+class CategoryRow:
+    """One category of one run: its tasks' metrics pooled per prompt variant (then across
+    variants, as the per-model table does), its transitions counted and its code measured.
+    ``metrics`` holds, by key, the spread of each metric at the run's longest turn limit; the
+    ``_inst`` ones are over the tasks that require the target instructions (``–`` where none
+    does)."""
+
+    run: str
+    knowledge: str
+    category: str
+    tasks: int
+    performance_tasks: int
+    turns: int
+    metrics: dict[str, Spread]
+    transitions: dict[str, int]  # event → count, and "total": consecutive pairs of turns
+    quality: Quality
+
+    def flat(self) -> dict[str, Any]:
+        data: dict[str, Any] = {
+            "run": self.run,
+            "knowledge": self.knowledge,
+            "category": self.category,
+            "tasks": self.tasks,
+            "performance_tasks": self.performance_tasks,
+            "turns": self.turns,
+        }
+        for key, spread in self.metrics.items():
+            data |= {
+                f"{key}_mean": spread.mean,
+                f"{key}_min": spread.low,
+                f"{key}_max": spread.high,
+            }
+        data |= {f"transitions_{key}": count for key, count in self.transitions.items()}
+        return data | {
+            "quality_turns": self.quality.turns,
+            "lines_mean": self.quality.lines,
+            "cyclomatic_max_mean": self.quality.cyclomatic_max,
+            "maintainability_mean": self.quality.maintainability,
+        }
+
+
+def _category_metrics(summary: Summary, k: int, ps: Sequence[float]) -> dict[str, float | None]:
+    correct_inst, correct = summary.turn_correctness[k]
+    best_inst, best = summary.best_speedup[k]
+    values = {
+        "correct": correct,
+        "correct_inst": correct_inst,
+        "best_speedup": best,
+        "best_speedup_inst": best_inst,
+    }
+    for p in ps:
+        values[f"fast_p{p:g}_inst"], values[f"fast_p{p:g}"] = summary.fast[p][k]
+    return values
+
+
+def category_rows(runs: Sequence[RecordedRun], ps: Sequence[float]) -> list[CategoryRow]:
+    """Per run, one row per category of its tasks, in the documented order of categories."""
+    table = []
+    for run in runs:
+        k = run.longest
+        members: dict[str, list[str]] = defaultdict(list)
+        for task_id, by_variant in run.tasks.items():
+            records = [r for v in by_variant.values() for t in v.values() for r in t.values()]
+            members[category_of(task_id, records)].append(task_id)
+        order = [*CATEGORIES, *sorted(set(members) - set(CATEGORIES))]
+        for category in [name for name in order if name in members]:
+            task_ids = members[category]
+            variants = sorted({v for task_id in task_ids for v in run.tasks[task_id]})
+            values = [
+                _category_metrics(
+                    summarize(
+                        [
+                            trajectory
+                            for task_id in task_ids
+                            if variant in run.tasks[task_id]
+                            for trajectory in run.trajectories(task_id, variant)
+                        ],
+                        limits=[k],
+                        ps=ps,
+                    ),
+                    k,
+                    ps,
+                )
+                for variant in variants
+            ]
+            records = [
+                record
+                for task_id in task_ids
+                for trajectories in run.tasks[task_id].values()
+                for turns in trajectories.values()
+                for record in turns.values()
+            ]
+            table.append(
+                CategoryRow(
+                    run=run.name,
+                    knowledge=run.knowledge,
+                    category=category,
+                    tasks=len(task_ids),
+                    performance_tasks=sum(
+                        not any(r.instructions_required for r in records if r.task_id == task_id)
+                        for task_id in task_ids
+                    ),
+                    turns=len(records),
+                    metrics={key: Spread.of([v[key] for v in values]) for key in values[0]},
+                    transitions=_transition_counts(run, task_ids),
+                    quality=Quality.of(records),
+                )
+            )
+    return table
+
+
+def _transition_counts(run: RecordedRun, task_ids: Sequence[str]) -> dict[str, int]:
+    """The events between consecutive turns of every trajectory of these tasks, counted."""
+    counts = dict.fromkeys(EVENTS, 0) | {"total": 0}
+    for task_id in task_ids:
+        for trajectories in run.tasks[task_id].values():
+            for turns in trajectories.values():
+                steps = trajectory_transitions([r.as_transition_turn() for r in turns.values()])
+                counts["total"] += len(steps)
+                for step in steps:
+                    for event in step.events:
+                        counts[event] += 1
+    return counts
+
+
+def _category_markdown(rows: Sequence[CategoryRow], ps: Sequence[float]) -> list[str]:
+    """A run's two category tables: metrics, then transitions and code quality."""
+    if not rows:
+        return []
+    metrics = [
+        ("correct", "correct", "turn_correctness"),
+        ("correct_inst", "correct^Inst", "turn_correctness"),
+        ("best_speedup", "best speedup", "best_speedup"),
+        *(
+            (key, f"Fast_{p:g}" + suffix, "fast_p")
+            for p in ps
+            for key, suffix in ((f"fast_p{p:g}", ""), (f"fast_p{p:g}_inst", "^Inst"))
+        ),
+    ]
+    header = ["category", "tasks", "performance", "turns", *(title for _, title, _ in metrics)]
+    lines = ["### By category", "", "| " + " | ".join(header) + " |", "|---" * len(header) + "|"]
+    for row in rows:
+        cells = [row.category, str(row.tasks), str(row.performance_tasks), str(row.turns)]
+        cells += [_spread(row.metrics[key], metric) for key, _, metric in metrics]
+        lines.append("| " + " | ".join(cells) + " |")
+    header = ["category", "transitions", *EVENTS, "measured turns", "lines", "CC max", "MI"]
+    lines += ["", "| " + " | ".join(header) + " |", "|---" * len(header) + "|"]
+    for row in rows:
+        quality = row.quality
+        cells = [row.category, str(row.transitions["total"])]
+        cells += [str(row.transitions[event]) for event in EVENTS]
+        cells += [
+            str(quality.turns),
+            *(
+                UNDEFINED if value is None else f"{value:.1f}"
+                for value in (quality.lines, quality.cyclomatic_max, quality.maintainability)
+            ),
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        "Per category, over all turns of its tasks (the longest turn limit), each metric "
+        "computed per prompt variant and shown as the mean with [min–max] across variants. "
+        "performance: tasks that require no target instructions; the ^Inst values are over the "
+        f"other tasks only ({UNDEFINED} where there are none). transitions: consecutive pairs "
+        "of turns; fixed: wrong → correct; regressed: correct → wrong; faster/slower: both "
+        "correct and the speedup moved by more than 5%. lines, CC max (the most complex "
+        "function's cyclomatic complexity) and MI (maintainability index, 0–100): means over "
+        "the turns whose records measured their source (docs/metrics.md).",
+        "",
+    ]
+    return lines
+
+
 def _csv(table: Sequence[dict[str, Any]]) -> str:
     buffer = io.StringIO()
     writer = csv.DictWriter(buffer, fieldnames=list(table[0]), lineterminator="\n")
@@ -671,6 +890,7 @@ def _markdown(
     table: Sequence[Row],
     ps: Sequence[float],
     models: Sequence[ModelRow],
+    categories: Sequence[CategoryRow],
 ) -> str:
     cells = {
         (row.run, row.knowledge, row.task_id, row.metric, row.p, row.limit): row for row in table
@@ -706,6 +926,10 @@ def _markdown(
                 )
             lines.append(f"| {task_id} | " + " | ".join(row_cells) + " |")
         lines.append("")
+        lines += _category_markdown(
+            [row for row in categories if (row.run, row.knowledge) == (run.name, run.knowledge)],
+            ps,
+        )
     lines += [
         "Each cell: the target-instruction value, then the unrestricted value in parentheses; "
         "each is the mean over prompt variants, with [min–max] across variants where they "

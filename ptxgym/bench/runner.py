@@ -28,6 +28,7 @@ from ptxgym.agents.scripted import ScriptedAgent
 from ptxgym.bench.records import TurnRecord, read_records
 from ptxgym.env import PTXKernelEnv
 from ptxgym.evaluate.evaluator import EVALUATORS, Evaluator, make_evaluator
+from ptxgym.languages import DEFAULT_LANGUAGE, LANGUAGES
 from ptxgym.prompt import PROMPT_VARIANTS
 from ptxgym.tasks import get_task
 from ptxgym.tasks.packs import KNOWLEDGE_LEVELS
@@ -56,6 +57,8 @@ class RunPlan:
     turns: int = 8
     knowledge: str = "full"
     evaluator: str | Evaluator = "auto"
+    language: str = DEFAULT_LANGUAGE
+    """The action language of the episodes (``ptxgym.languages``)."""
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -76,6 +79,8 @@ class RunPlan:
             raise ValueError("trajectories and turns must be at least 1")
         if self.knowledge not in KNOWLEDGE_LEVELS:
             raise ValueError(f"knowledge must be one of {KNOWLEDGE_LEVELS}, not {self.knowledge!r}")
+        if self.language not in LANGUAGES:
+            raise ValueError(f"language must be one of {sorted(LANGUAGES)}, not {self.language!r}")
         if isinstance(self.evaluator, str) and self.evaluator not in EVALUATORS:
             raise ValueError(f"evaluator must be one of {EVALUATORS}, not {self.evaluator!r}")
 
@@ -107,7 +112,7 @@ def run(
     owned: list[Evaluator] = []  # built here from a name, so closed here
     evaluators: dict[str, Evaluator] = {}
     for task_id in dict.fromkeys(task_id for task_id, _, _ in pending):
-        evaluators[task_id] = make_evaluator(plan.evaluator, get_task(task_id))
+        evaluators[task_id] = make_evaluator(plan.evaluator, get_task(task_id), plan.language)
         if evaluators[task_id] is not plan.evaluator:
             owned.append(evaluators[task_id])
     done = sum(min(len(recorded.get(episode, [])), plan.turns) for episode in plan.episodes)
@@ -129,6 +134,7 @@ def run(
             prompt_variant=variant,
             knowledge=plan.knowledge,
             evaluator=evaluators[task_id],
+            language=plan.language,
         )
         chat = ChatMessages(env)
         recorder = TrajectoryRecorder(chat, out, run=plan.name, agent=agent.name)
@@ -144,6 +150,7 @@ def run(
                     else None,
                 )
                 info = {**_restored_info(history[-1]), "messages": chat.messages}
+                recorder.continue_after(history[-1])
             for _ in range(len(history), plan.turns):
                 if stop.is_set():
                     return

@@ -50,3 +50,6 @@ class CompileResult:
     # Set when the build itself found something the policy forbids (what the source scan cannot
     # see: directives assembled by macros, calls to functions host code may not use).
     policy_violation: str | None = None
+    # The action language it was built from (``ptxgym.languages.LANGUAGES``): the judge loads
+    # and calls its library as that language's entry kind.
+    language: str = "cuda"

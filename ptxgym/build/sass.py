@@ -16,6 +16,15 @@ The builds are whole-program (no ``-rdc``), so every listed function is a ``__gl
 
 Static presence says what was compiled in, not what runs: it never qualifies a kernel (the runtime
 profile decides); it lets feedback say "wgmma present in SASS but never executed".
+
+A Triton candidate has no library: its kernels are cubins in a Triton cache, made by its compile
+run, one kernel each, and several may share a name (autotuning's variants, other
+specialisations). Their listing (``module_listing``) is one section per cubin, each opened by a
+``MODULE_MARK`` line naming it, and the count joins its executed counts only with the sections of
+the cubins the counted call loaded (``target_addresses(..., modules=...)``). A bare cubin's
+listing names its architecture as ``code for sm_90a`` rather than ``arch = sm_90a``. The cubins
+were written by a process that ran candidate code, so cuobjdump reads them confined (Landlock:
+the tool's own folders, the system's and the cubins', nothing else).
 """
 
 from __future__ import annotations
@@ -25,8 +34,10 @@ import os
 import re
 import shutil
 import subprocess
+import sys
+import tempfile
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from functools import cache
@@ -34,12 +45,15 @@ from pathlib import Path
 from typing import Any
 
 from ptxgym import paths
+from ptxgym.sandbox import landlock
 from ptxgym.tasks import InstructionFamily, Task
 
 TIMEOUT_S = 60.0
 _MAX_ERROR_CHARS = 300
 
-_ARCH_RE = re.compile(r"^arch = (\S+)")
+# "arch = sm_90a" in a library's fatbinary; "code for sm_90a" in a bare cubin's listing (and,
+# again, in a library's, for the same architecture).
+_ARCH_RE = re.compile(r"^(?:arch = |\s*code for )(\S+)")
 _FUNCTION_RE = re.compile(r"^\s*Function : (\S+)")
 # The address field, an optional predicate guard (@P0, @!UP0, @PT), then the mnemonic; the
 # encoding-only continuation lines ("/* 0x... */") have no address field and never match.
@@ -50,6 +64,8 @@ _INSTRUCTION_BYTES = 16
 # The build's SASS listing, kept beside its library in the build cache (which candidates cannot
 # write: ptxgym.sandbox.landlock).
 LISTING_FILE = "sass.txt"
+# Opens each cubin's section of a listing of several (``module_listing``), with its name.
+MODULE_MARK = "ptxgym-module "
 # Hopper's warpgroup matrix instruction and its shape, after any predicate guard.
 _MMA_SHAPE_RE = re.compile(r"^(?:@!?\w+\s+)?HGMMA\.(\d+)x(\d+)x(\d+)\b")
 _WARPS_PER_WARPGROUP = 4
@@ -109,10 +125,15 @@ class FunctionListing:
     targets: dict[int, str]
 
 
-def target_addresses(library: Path, task: Task) -> dict[str, FunctionListing]:
+def target_addresses(
+    library: Path, task: Task, modules: Collection[str] | None = None
+) -> dict[str, FunctionListing]:
     """Per function of ``library`` (by its symbol, as CUDA names it), the listing executed
     counts per instruction address are joined with: from the listing its build kept, else made
-    now. Raises ``RuntimeError`` when the library cannot be disassembled."""
+    now. With ``modules``, only the sections of those cubins (a Triton candidate's listing,
+    ``module_listing``), which must not give one name to two different functions; without,
+    functions of one name are merged. Raises ``RuntimeError`` when the library cannot be
+    disassembled, or a name is ambiguous."""
     kept = library.with_name(LISTING_FILE)
     if kept.is_file():
         listing = kept.read_text(encoding="utf-8", errors="replace")
@@ -127,24 +148,71 @@ def target_addresses(library: Path, task: Task) -> dict[str, FunctionListing]:
         for group in family.all_of
         for pattern in group
     )
+    found: dict[str, FunctionListing] = {}
     sizes: dict[str, int] = {}
     targets: dict[str, dict[int, str]] = {}
     current: str | None = None
     in_arch = False
+    included = modules is None
     for line in listing.splitlines():
-        if match := _ARCH_RE.match(line):
-            in_arch = match.group(1) == task.target.arch
+        if line.startswith(MODULE_MARK):
+            _keep_functions(found, sizes, targets, modules is not None)
+            included = modules is None or line[len(MODULE_MARK) :].strip() in modules
+            in_arch, current = False, None
+        elif match := _ARCH_RE.match(line):
+            in_arch = included and match.group(1) == task.target.arch
             current = None
         elif match := _FUNCTION_RE.match(line):
             current = match.group(1) if in_arch else None
             if current is not None:
+                if current in sizes:  # the same name twice in one section: keep the one
+                    _keep_functions(found, sizes, targets, modules is not None)
                 sizes[current], targets[current] = 0, {}
         elif current is not None and (match := _ADDRESSED_RE.match(line)):
             offset, text, opcode = int(match.group(1), 16), match.group(2), match.group(3)
             sizes[current] = offset + _INSTRUCTION_BYTES
             if any(fnmatchcase(opcode, pattern) for pattern in patterns):
                 targets[current][offset] = " ".join(text.split())
-    return {name: FunctionListing(sizes[name], targets[name]) for name in sizes}
+    _keep_functions(found, sizes, targets, modules is not None)
+    return found
+
+
+def _keep_functions(
+    found: dict[str, FunctionListing],
+    sizes: dict[str, int],
+    targets: dict[str, dict[int, str]],
+    strict: bool,
+) -> None:
+    """Move the functions of one section into ``found`` (and empty ``sizes`` and ``targets``).
+    A name already there for another function (another size or other target instructions):
+    with ``strict`` (counts are to be joined), ambiguous, since counts named by it could not be
+    told apart; otherwise the two are merged (every target instruction of either), which is
+    what a static look at every variant needs."""
+    for name, size in sizes.items():
+        listing = FunctionListing(size, targets[name])
+        kept = found.setdefault(name, listing)
+        if kept == listing:
+            continue
+        if strict:
+            raise RuntimeError(
+                f"two loaded kernels are both named {name}: their counts cannot be told apart"
+            )
+        found[name] = FunctionListing(max(kept.size, size), {**kept.targets, **listing.targets})
+    sizes.clear()
+    targets.clear()
+
+
+def module_listing(cubins: Mapping[str, Path]) -> str:
+    """The SASS listing of every cubin of ``cubins`` (name: path), one section each opened by
+    ``MODULE_MARK`` and its name, disassembled confined to the cubin's folder where the kernel
+    has Landlock. Raises ``RuntimeError`` when one cannot be disassembled."""
+    sections = []
+    for name, cubin in sorted(cubins.items()):
+        described, dumped, error = _dump(cubin, confined=True)
+        if dumped is None:
+            raise RuntimeError(f"{described}: {error}")
+        sections.append(f"{MODULE_MARK}{name}\n{dumped}")
+    return "".join(sections)
 
 
 def mnemonic(instruction: str) -> str:
@@ -164,9 +232,11 @@ def flops_per_warp(instruction: str) -> int | None:
     return 2 * m * n * k // _WARPS_PER_WARPGROUP
 
 
-def _dump(library: Path) -> tuple[str, str | None, str]:
+def _dump(library: Path, confined: bool = False) -> tuple[str, str | None, str]:
     """cuobjdump's name and version, and its SASS listing of ``library`` (None, with why, when
-    there is none)."""
+    there is none). ``confined``: cuobjdump may read only its own and nvdisasm's folders, the
+    system's and the library's folder, and write nothing, where the kernel has Landlock (for a
+    file a candidate's process wrote)."""
     tool = find_cuobjdump()
     if tool is None:
         return (
@@ -179,27 +249,53 @@ def _dump(library: Path) -> tuple[str, str | None, str]:
     search = [os.environ.get("PATH", "/usr/bin:/bin")]
     if nvdisasm := _wheel_binary("nvidia-cuda-nvdisasm", "nvdisasm"):
         search.append(str(nvdisasm.parent))
-    try:
-        out = subprocess.run(
-            [str(tool), "--dump-sass", str(library)],
-            capture_output=True,
-            text=True,
-            errors="replace",
-            timeout=TIMEOUT_S,
-            check=False,
-            env={"PATH": os.pathsep.join(search), "LANG": "C", "LC_ALL": "C"},
-            stdin=subprocess.DEVNULL,
-        )
-    except subprocess.TimeoutExpired:
-        return described, None, f"cuobjdump timed out after {TIMEOUT_S:.0f} s"
-    except OSError as exc:
-        return described, None, f"cuobjdump could not run: {exc.strerror}"
+    command = [str(tool), "--dump-sass", str(library)]
+    # cuobjdump writes its intermediate files to TMPDIR: a folder of this call's own.
+    with tempfile.TemporaryDirectory(prefix="ptxgym-cuobjdump-") as scratch:
+        if confined and landlock.abi_version() >= 1:
+            helpers = [tool, *([nvdisasm] if nvdisasm else [])]
+            if located := shutil.which("nvdisasm", path=os.pathsep.join(search)):
+                helpers.append(Path(located))
+            command = _confined(command, [library.parent, *helpers], Path(scratch))
+        try:
+            out = subprocess.run(
+                command,
+                capture_output=True,
+                text=True,
+                errors="replace",
+                timeout=TIMEOUT_S,
+                check=False,
+                env={
+                    "PATH": os.pathsep.join(search),
+                    "LANG": "C",
+                    "LC_ALL": "C",
+                    "TMPDIR": scratch,
+                },
+                stdin=subprocess.DEVNULL,
+            )
+        except subprocess.TimeoutExpired:
+            return described, None, f"cuobjdump timed out after {TIMEOUT_S:.0f} s"
+        except OSError as exc:
+            return described, None, f"cuobjdump could not run: {exc.strerror}"
     if out.returncode != 0:
         lines = [line for line in (out.stderr or out.stdout).splitlines() if line.strip()]
         detail = lines[-1].replace(str(library), library.name) if lines else "no output"
         message = f"cuobjdump failed with exit code {out.returncode}: {detail}"
         return described, None, message[:_MAX_ERROR_CHARS]
     return described, out.stdout, ""
+
+
+def _confined(command: list[str], places: list[Path], scratch: Path) -> list[str]:
+    """``command`` run through the Landlock launcher: reading only the system's programs and
+    libraries and the folders of ``places`` (files: the tools; folders: their contents), as
+    given and resolved, and writing only in ``scratch``."""
+    reads: list[str | Path] = [*landlock.SYSTEM_PROGRAMS, *landlock.LOADER_FILES, "/dev/null"]
+    for place in places:
+        folder = place if place.is_dir() else place.parent
+        reads += [folder, folder.resolve(), place.resolve().parent]
+    launcher = [sys.executable, "-I", "-S", str(Path(landlock.__file__).resolve())]
+    arguments = [*(f"--read={path}" for path in dict.fromkeys(reads)), f"--write={scratch}"]
+    return [*launcher, *arguments, "--", *command]
 
 
 def parse_sass(listing: str, arch: str) -> tuple[KernelSass, ...]:

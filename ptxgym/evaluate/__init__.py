@@ -7,7 +7,8 @@ evaluators of one machine, and ``ray_pool`` spreads both over a Ray cluster (its
 answering in ``verdict_json``) runs the candidate in a confined ``worker`` under the exact
 ``worker_protocol``, with ``correctness``, ``timing`` and ``baselines``, and starts the tool runs
 (``tool_runs``: ``sanitizer``, and ``count`` or ``profile``, each a ``single_call`` of the
-candidate; ``count_audit`` checks a share of the counts against a profile).
+candidate; ``count_audit`` checks a share of the counts against a profile). A Triton candidate's
+kernels are compiled first, by a confined ``compile_run``.
 
 The names below are imported on first use, so importing one module of this package never pulls
 in the judge (and torch) by way of this file.

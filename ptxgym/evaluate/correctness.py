@@ -1,8 +1,9 @@
 """Compare a candidate's outputs with the reference: shape, dtype, then allclose, no NaN/Inf.
 
 Runs in the trusted judge process. The reference is float32; the candidate's output is upcast.
-An element passes when ``|out - ref| <= atol + rtol * |ref|`` (``torch.allclose``'s rule) and is
-finite; outputs are poisoned with NaN before each call, so an unwritten element fails as NaN.
+An element passes when ``|out - ref| <= atol + rtol * |ref|`` (``torch.allclose``'s rule, with
+each output's tolerance: ``Task.tolerance_for``) and is finite; outputs are poisoned before each
+call (NaN, or a value no correct kernel writes for integers), so an unwritten element fails.
 """
 
 from __future__ import annotations
@@ -16,6 +17,9 @@ if TYPE_CHECKING:
     import torch
 
 _WORST_SHOWN = 5
+# What the worker fills integer outputs with before each call, by element size (floating outputs
+# get NaN): a value no correct kernel writes (int8 quantisers clamp to [-127, 127]).
+INTEGER_POISON: dict[int, int] = {4: -0x7EADBEEF, 1: -0x80}
 
 
 @dataclass(frozen=True)
@@ -60,9 +64,6 @@ class CheckReport:
         return next((o.problem for o in self.outputs if not o.ok), "")
 
 
-_TORCH_DTYPES = {"bfloat16": "bfloat16", "float32": "float32", "int32": "int32"}
-
-
 def check_outputs(
     task: Task,
     stage: str,
@@ -77,7 +78,8 @@ def check_outputs(
         if name not in outputs:
             checks.append(OutputCheck(name, False, "shape", "the output was not returned"))
             continue
-        checks.append(_check_one(name, spec, axes, outputs[name], references[name], task.tolerance))
+        tolerance = task.tolerance_for(name)
+        checks.append(_check_one(name, spec, axes, outputs[name], references[name], tolerance))
     return CheckReport(stage, workload, tuple(checks))
 
 
@@ -94,13 +96,18 @@ def _check_one(
     shape = tuple(axes[a] for a in spec.shape)
     if tuple(out.shape) != shape:
         return OutputCheck(name, False, "shape", f"shape {tuple(out.shape)}, expected {shape}")
-    expected_dtype = getattr(torch, _TORCH_DTYPES[spec.dtype])
+    expected_dtype = getattr(torch, spec.dtype)  # task dtypes are named as torch names them
     if out.dtype != expected_dtype:
         return OutputCheck(name, False, "dtype", f"dtype {out.dtype}, expected {expected_dtype}")
     atol, rtol = tolerance.atol, tolerance.rtol
     got = out.to(device=ref.device, dtype=torch.float32)
     expected = ref.to(torch.float32)
     finite = torch.isfinite(got)
+    if not out.dtype.is_floating_point:
+        # An integer element still holding the poison was not written: it fails like a NaN,
+        # also where the tolerance (an int8 step) would reach the poison from the reference.
+        poison = float(INTEGER_POISON[out.element_size()])
+        finite &= (got != poison) | (expected == poison)
     diff = (got - expected).abs()
     allowed = atol + rtol * expected.abs()
     bad = ~finite | (diff > allowed)

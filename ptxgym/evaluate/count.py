@@ -15,6 +15,11 @@ instruction boundary), and no instruction may claim more predicated-on threads t
 warp-level execution. A forged count that passes these names a real target instruction with
 plausible counts: docs/security.md states this residual risk, and Nsight Compute, whose report
 the candidate cannot write, stays available as the cross-check (``JudgeSettings.profile_method``).
+
+A Triton candidate's listing has a section per cubin of its cache, several possibly holding a
+kernel of one name (autotuning's variants): its counts are joined only with the cubins its
+counted call loaded, as the run lists them (``LOADED_FILE``), and a name two of those give to
+different code makes the counts unknown.
 """
 
 from __future__ import annotations
@@ -45,8 +50,15 @@ from ptxgym.evaluate.profile import (
     matrix_instructions,
     with_coverage,
 )
-from ptxgym.evaluate.single_call import COUNTS_FILE, CallJob, PendingCall, call_seconds
+from ptxgym.evaluate.single_call import (
+    COUNTS_FILE,
+    LOADED_FILE,
+    CallJob,
+    PendingCall,
+    call_seconds,
+)
 from ptxgym.languages import get_language
+from ptxgym.languages.base import ENTRY_TRITON
 from ptxgym.tasks import Task, get_task
 
 if TYPE_CHECKING:
@@ -196,13 +208,24 @@ class PendingCount:
             if counts.stat().st_size > _MAX_COUNTS_BYTES:
                 return unknown("the counted run wrote more counts than any library has")
             raw = counts.read_text(errors="replace")
+            loaded, modules = self.call.folder / LOADED_FILE, ""
+            if loaded.is_file() and loaded.stat().st_size <= _MAX_COUNTS_BYTES:
+                modules = loaded.read_text(errors="replace")
         finally:
             self.close()
         try:
             rows = json.loads(raw)
             if not isinstance(rows, list):
                 raise CountsRefused("the counts are not a list of rows")
+            if job.entry == ENTRY_TRITON:
+                # A Triton cache holds every variant compiled (autotuning's, other workloads'),
+                # several under one name: only the cubins the counted call loaded are joined.
+                listing = target_addresses(
+                    Path(job.library), job.task, modules=_loaded_modules(modules)
+                )
             profile = counts_profile(job.task, listing, rows)
+        except RuntimeError as exc:
+            return unknown(f"the counts cannot be attributed: {exc}")
         except (ValueError, CountsRefused) as exc:  # json's errors are ValueErrors too
             return unknown(f"the counts were refused: {exc}")
         timed = replace(
@@ -217,6 +240,15 @@ class PendingCount:
         """End the run if it still waits or runs, and remove its folder."""
         if self.call is not None:
             self.call.close()
+
+
+def _loaded_modules(text: str) -> set[str]:
+    """The cubins a Triton candidate's counted call loaded (``LOADED_FILE``, written in the
+    candidate's process, as the counts are): names of its prepared cache, nothing else."""
+    names = json.loads(text) if text else []
+    if not isinstance(names, list) or not all(isinstance(name, str) for name in names):
+        raise CountsRefused("the list of loaded kernels is malformed")
+    return set(names)
 
 
 def count_candidate(

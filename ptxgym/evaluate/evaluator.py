@@ -12,6 +12,7 @@ import warnings
 from typing import Protocol, runtime_checkable
 
 from ptxgym.evaluate.compile_only import CompileOnlyEvaluator
+from ptxgym.languages import DEFAULT_LANGUAGE
 from ptxgym.outcome import Outcome
 from ptxgym.tasks import Task
 
@@ -30,8 +31,12 @@ class Evaluator(Protocol):
 EVALUATORS = ("auto", "gpu", "compile-only")
 
 
-def make_evaluator(spec: str | Evaluator, task: Task) -> Evaluator:
-    """An evaluator from its name, or ``spec`` itself when it already is one.
+def make_evaluator(
+    spec: str | Evaluator, task: Task, language: str = DEFAULT_LANGUAGE
+) -> Evaluator:
+    """An evaluator of sources in action ``language`` from its name, or ``spec`` itself when it
+    already is one (it must evaluate that language: its ``language`` attribute, CUDA when it has
+    none).
 
     ``gpu`` runs candidates on the local GPU (``ptxgym.evaluate.local_gpu``, imported only
     then: it brings the judge); ``auto`` is ``gpu`` when a GPU of the task's architecture is
@@ -40,24 +45,40 @@ def make_evaluator(spec: str | Evaluator, task: Task) -> Evaluator:
     cluster (``ptxgym.evaluate.ray_pool``, which imports Ray only then).
     """
     if isinstance(spec, Evaluator):
-        return spec
+        return _speaking(spec, language)
     if spec.startswith("ray://"):
         from ptxgym.evaluate.ray_pool import RayEvaluator
 
-        return RayEvaluator.from_spec(spec)
+        pool = RayEvaluator.from_spec(spec)
+        try:
+            return _speaking(pool, language)
+        except ValueError:
+            pool.close()
+            raise
     if spec == "compile-only":
-        return CompileOnlyEvaluator()
+        return CompileOnlyEvaluator(language=language)
     if spec in ("auto", "gpu"):
         from ptxgym.evaluate import local_gpu
 
         if spec == "gpu":
-            return local_gpu.LocalGPUEvaluator()
+            return local_gpu.LocalGPUEvaluator(language=language)
         reason = local_gpu.incompatibility(task)
         if reason is None:
-            return local_gpu.LocalGPUEvaluator()
+            return local_gpu.LocalGPUEvaluator(language=language)
         warnings.warn(f"{reason}: evaluating compile-only", stacklevel=3)
-        return CompileOnlyEvaluator()
+        return CompileOnlyEvaluator(language=language)
     raise ValueError(
         f"unknown evaluator {spec!r}; choose one of {EVALUATORS}, ray://HOST:PORT[/POOL], or "
         "pass an object"
     )
+
+
+def _speaking(evaluator: Evaluator, language: str) -> Evaluator:
+    """``evaluator``, checked to evaluate sources in ``language``."""
+    spoken = getattr(evaluator, "language", DEFAULT_LANGUAGE)
+    if spoken != language:
+        raise ValueError(
+            f"the evaluator {evaluator.name!r} evaluates {spoken} sources, not {language}: give "
+            f"one made for it (e.g. LocalGPUEvaluator(language={language!r}))"
+        )
+    return evaluator

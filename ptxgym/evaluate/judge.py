@@ -35,6 +35,7 @@ from ptxgym.device.gpus import make_context, visible_gpus
 from ptxgym.device.lock import EXCLUSIVE_CHAIN_S, exclusive_gpu, lock_path, shared_gpu
 from ptxgym.evaluate import worker_protocol as protocol
 from ptxgym.evaluate.baselines import baseline_key, cached_baseline, store_baseline
+from ptxgym.evaluate.compile_run import Prepared, prepare
 from ptxgym.evaluate.correctness import CheckReport, check_outputs
 from ptxgym.evaluate.count import self_test as count_self_test
 from ptxgym.evaluate.count_audit import audited
@@ -42,7 +43,7 @@ from ptxgym.evaluate.profile import DEFAULT_TIMEOUT_S as DEFAULT_PROFILE_TIMEOUT
 from ptxgym.evaluate.profile import InstructionProfile, PendingProfile, profile_metrics
 from ptxgym.evaluate.sanitizer import DEFAULT_TIMEOUT_S as DEFAULT_SANITIZER_TIMEOUT_S
 from ptxgym.evaluate.sanitizer import PendingSanitizer, SanitizerReport
-from ptxgym.evaluate.single_call import CallJob
+from ptxgym.evaluate.single_call import CallJob, hand_candidate
 from ptxgym.evaluate.timing import (
     HOST_ALLOWANCE_MS,
     HOST_ALLOWANCE_RATIO,
@@ -62,9 +63,10 @@ from ptxgym.evaluate.worker import (
     resolve_callable,
     worker_main,
 )
+from ptxgym.languages import DEFAULT_LANGUAGE
+from ptxgym.languages.base import ENTRY_C_ABI
 from ptxgym.outcome import Status
 from ptxgym.sandbox import channel
-from ptxgym.sandbox.isolation import hand_library
 from ptxgym.tasks import Task, WorkloadSpec
 
 _random = random.SystemRandom()  # which timed calls are checked: not predictable from outside
@@ -577,11 +579,28 @@ class Judge:
     # ----------------------------------------------------------------------------------------
     # One evaluation.
 
-    def evaluate(self, task: Task, library: str) -> Verdict:
+    def evaluate(self, task: Task, library: str, language: str = DEFAULT_LANGUAGE) -> Verdict:
         started = time.perf_counter()
         stages: dict[str, float] = {}
         states = [self.workload_state(task, w) for w in task.workloads]
         stages["state"] = time.perf_counter() - started
+        # A Triton candidate's kernels are compiled and autotuned first, in a run of their own
+        # (ptxgym.evaluate.compile_run); a C library is used as it is.
+        prepared = prepare(
+            task,
+            library,
+            language,
+            device=self.device,
+            folder=self.folder,
+            timeout_s=self.settings.stage_timeout_s,
+            lock_startup=self.settings.lock_startups,
+        )
+        if prepared.entry != ENTRY_C_ABI:
+            stages["compile_run"] = prepared.seconds
+        if prepared.failure is not None:
+            status, message = prepared.failure
+            seconds = time.perf_counter() - started
+            return Verdict(status, message, seconds=seconds, stage_seconds=stages)
         # Tool runs for this evaluation's verdict, started ahead (their start-up overlaps the
         # evaluation, or an earlier one); before the word they only make their CUDA context,
         # holding the GPU shared.
@@ -592,7 +611,14 @@ class Judge:
         early: dict[ToolKind, _ToolCall] = {}
         try:
             self.tool_runs.top_up(in_flight)
-            job = CallJob(task, library, states[0].spec.payload(), states[0].tool_inputs)
+            job = CallJob(
+                task,
+                prepared.library,
+                states[0].spec.payload(),
+                states[0].tool_inputs,
+                prepared.entry,
+                prepared.facts,
+            )
             # The tools whose calls share the GPU get the word with the worker's job: their
             # calls run beside its checks (all shared), not after its timing.
             early = {kind: self._give_word(tools, kind, job) for kind in self._shared_tools()}
@@ -605,7 +631,7 @@ class Judge:
             try:
                 with holds:
                     try:
-                        verdict = self._run(task, library, states, worker, stages, holds.alone)
+                        verdict = self._run(task, prepared, states, worker, stages, holds.alone)
                     finally:
                         # Gone before the GPU is released: memory it holds or work it left
                         # running must not reach the next user of the GPU.
@@ -622,6 +648,7 @@ class Judge:
             raise
         finally:
             tools.shutdown(wait=False)
+            prepared.close()
             with self._mutex:
                 self._in_flight -= 1
         for report in sanitizers:
@@ -750,14 +777,16 @@ class Judge:
     def _run(
         self,
         task: Task,
-        library: str,
+        prepared: Prepared,
         states: list[_WorkloadState],
         worker: _Worker,
         stages: dict[str, float],
         before_timing: Callable[[], None],
     ) -> Verdict:
         plans = {s.spec.name: self._timing_plan() for s in states}
-        job = _worker_job(task, hand_library(library, worker.home), states, plans, self.settings)
+        library = hand_candidate(prepared.library, worker.home, prepared.entry)
+        job = _worker_job(task, library, states, plans, self.settings)
+        job["entry"], job["facts"] = prepared.entry, prepared.facts
         # The outputs come back through shared memory sized for the largest output set.
         arena = channel.Arena.create(max(_output_bytes(task, s.spec) for s in states))
         job["arena_bytes"] = arena.size

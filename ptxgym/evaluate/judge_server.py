@@ -25,12 +25,13 @@ the key) must not be able to run code in it, nor a judge in its clients. Each me
 ``MAX_ANSWER_BYTES``) and checked before use:
 
 - a request is ``[kind, request_id, deadline, *arguments]``: ``["evaluate", id, deadline, task,
-  library]`` or ``["baseline", id, deadline, task]``, where ``task`` is the task's JSON
-  (``Task.model_dump(mode="json")``), ``library`` a path, ``id`` an integer and ``deadline`` a
-  ``time.time()`` or null; ``["close"]`` ends the connection. The judge evaluates only its own
-  registered tasks (``ptxgym.tasks.registry``): a task's callables are imported and called in
-  the judge, so one named by the client is refused unless it is exactly the judge's task of that
-  id.
+  library]`` (``library, language]`` for a language other than CUDA) or ``["baseline", id,
+  deadline, task]``, where ``task`` is the task's JSON (``Task.model_dump(mode="json")``),
+  ``library`` a path, ``language`` a name of ``ptxgym.languages.LANGUAGES``, ``id`` an integer
+  and ``deadline`` a ``time.time()`` or null; ``["close"]`` ends the connection. The judge
+  evaluates only its own registered tasks (``ptxgym.tasks.registry``): a task's callables are
+  imported and called in the judge, so one named by the client is refused unless it is exactly
+  the judge's task of that id.
 - an answer is ``[request_id, kind, payload]``: ``verdict`` (``ptxgym.evaluate.verdict_json``),
   ``baseline`` (milliseconds per workload), ``failed`` or ``expired`` (a reason), and, with a
   null id, ``ready`` (the device facts) first, or ``failed`` before the connection is closed.
@@ -74,6 +75,7 @@ from ptxgym import paths
 from ptxgym.device.gpus import physical_device
 from ptxgym.evaluate.judge import Judge, JudgeSettings, Verdict
 from ptxgym.evaluate.verdict_json import VerdictFormatError, verdict_from_json, verdict_to_json
+from ptxgym.languages import DEFAULT_LANGUAGE, LANGUAGES
 from ptxgym.tasks import Task, registry
 
 IDLE_S = 120.0
@@ -109,6 +111,9 @@ class Request:
     deadline: float | None
     task: Task
     library: str | None = None
+    # The action language the library was built from (an evaluation's third argument, sent
+    # only when it is not the default, so a judge of an earlier version still serves CUDA).
+    language: str = DEFAULT_LANGUAGE
 
     @property
     def kind(self) -> str:
@@ -119,6 +124,8 @@ class Request:
         arguments: list[Any] = [self.task.model_dump(mode="json")]
         if self.library is not None:
             arguments.append(self.library)
+            if self.language != DEFAULT_LANGUAGE:
+                arguments.append(self.language)
         return [self.kind, self.request_id, self.deadline, *arguments]
 
     @classmethod
@@ -131,7 +138,7 @@ class Request:
         if kind not in ("evaluate", "baseline"):
             raise MessageError(f"unknown request {str(kind)[:40]!r}", request_id)
         arguments = message[3:]
-        if len(arguments) != (2 if kind == "evaluate" else 1):
+        if len(arguments) not in ((2, 3) if kind == "evaluate" else (1,)):
             raise MessageError(f"wrong number of arguments for {kind}", request_id)
         deadline = message[2]
         if deadline is not None and not (_is_number(deadline) and math.isfinite(deadline)):
@@ -144,7 +151,10 @@ class Request:
             raise MessageError("the library must be a path", request_id)
         if "\0" in library:
             raise MessageError("the library's path holds a NUL character", request_id)
-        return cls(request_id, deadline, task, library)
+        language = arguments[2] if len(arguments) == 3 else DEFAULT_LANGUAGE
+        if not isinstance(language, str) or language not in LANGUAGES:
+            raise MessageError(f"unknown language {str(language)[:40]!r}", request_id)
+        return cls(request_id, deadline, task, library, language)
 
 
 def _is_request_id(value: object) -> TypeGuard[int]:
@@ -324,7 +334,7 @@ def serve_connection(conn: Connection, judge: Judge, pool: ThreadPoolExecutor) -
             return
         try:
             if request.library is not None:
-                verdict = judge.evaluate(request.task, request.library)
+                verdict = judge.evaluate(request.task, request.library, request.language)
                 answer(request.request_id, "verdict", verdict)
             else:
                 answer(request.request_id, "baseline", judge.baseline_ms(request.task))

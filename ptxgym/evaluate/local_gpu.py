@@ -37,6 +37,7 @@ from ptxgym.evaluate.judge_server import (
     start_private_judge,
 )
 from ptxgym.evaluate.roofline import FAULT_RATIO, peaks_for, speed_of_light
+from ptxgym.languages import DEFAULT_LANGUAGE, get_language
 from ptxgym.outcome import Outcome, Status
 from ptxgym.tasks import Task
 
@@ -141,10 +142,16 @@ class _JudgeHandle:
             raise EvaluatorError(str(exc)) from exc
         return cls(conn, info, device)
 
-    def evaluate(self, task: Task, library: str, deadline: float | None = None) -> Future[Verdict]:
-        """Ask for the verdict on ``library``; a request still queued in the judge at
-        ``deadline`` (``time.time()``) fails with an EvaluatorError."""
-        return self._submit(Request(next(self._ids), deadline, task, library))
+    def evaluate(
+        self,
+        task: Task,
+        library: str,
+        deadline: float | None = None,
+        language: str = DEFAULT_LANGUAGE,
+    ) -> Future[Verdict]:
+        """Ask for the verdict on ``library`` (built from ``language``); a request still queued
+        in the judge at ``deadline`` (``time.time()``) fails with an EvaluatorError."""
+        return self._submit(Request(next(self._ids), deadline, task, library, language))
 
     def baseline(self, task: Task) -> Future[dict[str, float]]:
         """Ask for the baseline latency (ms) of each of the task's workloads."""
@@ -277,6 +284,7 @@ class LocalGPUEvaluator:
     candidate's); None waits as long as it takes. ``shared``: use the user's judge server for the
     GPU (``ptxgym.evaluate.judge_server``), shared with every other process that asks for it
     (e.g. the workers of an ``AsyncVectorEnv``), instead of a judge of this process's own.
+    ``language``: the action language of the sources it is given (``ptxgym.languages``).
     """
 
     name = "gpu"
@@ -289,9 +297,12 @@ class LocalGPUEvaluator:
         settings: JudgeSettings | None = None,
         queue_timeout_s: float | None = None,
         shared: bool = False,
+        language: str = DEFAULT_LANGUAGE,
     ) -> None:
         self.device = device
         self.shared = shared
+        self.language = language
+        get_language(language)  # an unknown language fails here, not at the first step
         self.compile_timeout_s = compile_timeout_s
         self.settings = settings or JudgeSettings()
         self.queue_timeout_s = queue_timeout_s
@@ -301,7 +312,9 @@ class LocalGPUEvaluator:
         reason = incompatibility(task, self.device)
         if reason is not None:
             raise EvaluatorError(reason)
-        stopped, build = build_candidate(task, source, self.compile_timeout_s)
+        stopped, build = build_candidate(
+            task, source, self.compile_timeout_s, get_language(self.language)
+        )
         if stopped is not None:
             return stopped
         assert build is not None
@@ -326,7 +339,7 @@ class LocalGPUEvaluator:
         started = time.perf_counter() - compile_seconds
         deadline = time.time() + self.queue_timeout_s if self.queue_timeout_s is not None else None
         handle = judge_for(self.device, self.settings, self.shared)
-        verdict = handle.evaluate(task, build.library, deadline).result()
+        verdict = handle.evaluate(task, build.library, deadline, build.language).result()
         latency, baseline = verdict.latency_ms, verdict.baseline_latency_ms
         status, message = verdict.status, verdict.message
         peaks = peaks_for(str(handle.info.get("name", "")), handle.info.get("sm_count"))
@@ -350,7 +363,11 @@ class LocalGPUEvaluator:
             latency_ms=latency,
             baseline_latency_ms=baseline,
             speedup=baseline / latency if latency and baseline else None,
-            qualified=verdict.profile.qualified if verdict.profile is not None else None,
+            # A performance task requires no family: its profile only informs the feedback.
+            qualified=verdict.profile.qualified
+            if verdict.profile is not None and task.instructions_required
+            else None,
+            instructions_required=task.instructions_required,
             checks=verdict.checks,
             timings=verdict.timings,
             sanitizers=verdict.sanitizers,

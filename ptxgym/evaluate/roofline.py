@@ -1,10 +1,11 @@
 """How far a timed kernel is from what the GPU can physically do: the speed-of-light bound.
 
 The work of a workload is the task's FLOP model (``Task.flops``) and the bytes it must move at
-least: every input read once and every output written once (``task_bytes``; the timing flushes
-L2 before each call, so they come from DRAM). The GPU's peaks are data (``envs/devices.yaml``:
-dense bf16 tensor-core FLOP/s and DRAM bandwidth from NVIDIA's datasheets, the compute peak
-scaled down for a device that reports fewer SMs, as a MIG slice does). The bound of a workload
+least (``Task.bytes_of``: the task's byte model, by default every input read once and every
+output written once; the timing flushes L2 before each call, so they come from DRAM). The GPU's
+peaks are data (``envs/devices.yaml``: dense bf16 tensor-core FLOP/s and DRAM bandwidth from
+NVIDIA's datasheets, the compute peak scaled down for a device that reports fewer SMs, as a MIG
+slice does). The bound of a workload
 is the larger of its FLOPs at the compute peak and its bytes at the bandwidth; a pooled task's
 bound, FLOPs and bytes are sums over its workloads, as its latency is.
 
@@ -14,8 +15,7 @@ A latency under ``FAULT_RATIO`` of the bound is not a fast kernel but a measurem
 
 from __future__ import annotations
 
-import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache
 from typing import Any
@@ -24,7 +24,7 @@ import yaml
 
 from ptxgym import paths
 from ptxgym.evaluate.timing import WorkloadTiming
-from ptxgym.tasks import DTYPE_BYTES, Task
+from ptxgym.tasks import Task
 
 FAULT_RATIO = 0.8
 """A latency below this part of the bound is a measurement fault. Below 1, since the peaks are
@@ -92,16 +92,6 @@ def peaks_for(name: str, sm_count: int | None = None) -> Peaks | None:
     return None
 
 
-def task_bytes(task: Task, axes: Mapping[str, int]) -> int:
-    """The bytes a workload must move at least: each input read and each output written once."""
-    values = {**task.definition.const_axes, **axes}
-    tensors = {**task.definition.inputs, **task.definition.outputs}
-    return sum(
-        math.prod(values[axis] for axis in spec.shape) * DTYPE_BYTES[spec.dtype]
-        for spec in tensors.values()
-    )
-
-
 def speed_of_light(
     task: Task, timings: Sequence[WorkloadTiming], peaks: Peaks
 ) -> SpeedOfLight | None:
@@ -115,7 +105,7 @@ def speed_of_light(
     for timing in timings:
         workload = workloads[timing.workload]
         work = task.flops_of(workload.axes, workload.sequences)
-        moved = task_bytes(task, workload.axes)
+        moved = task.bytes_of(workload.axes, workload.sequences)
         compute, memory = work / (peaks.tflops * 1e9), moved / (peaks.dram_gbps * 1e6)
         flops, bytes_ = flops + work, bytes_ + moved
         compute_ms, memory_ms = compute_ms + compute, memory_ms + memory

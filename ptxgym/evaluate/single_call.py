@@ -19,6 +19,10 @@ folder), or ``stop``. After ``go`` it reads the inputs, then holds the GPU alone
 load the candidate and call it (a profile run profiles the call in its turn:
 ``ptxgym.device.lock.profiler_turn``). It runs with a scrubbed environment in a folder of its own,
 and gives up waiting when the judge is gone.
+
+A Triton candidate (the job's entry kind) is imported before the GPU is held, with a copy of its
+compiled cache beside it (``hand_candidate``); the run wraps its own allocations as tensors, and
+records which cubins the call loaded (``LOADED_FILE``) for the count's join.
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -48,6 +52,9 @@ from ptxgym.device.lock import (
 )
 from ptxgym.evaluate.cupti_helper import THREAD_METRIC, WARP_METRIC, SassCounter
 from ptxgym.evaluate.timing import seconds_into
+from ptxgym.languages.base import ENTRY_C_ABI, ENTRY_TRITON
+from ptxgym.languages.triton.build import MODULE_FILE as TRITON_MODULE
+from ptxgym.languages.triton.runtime import CACHE_FOLDER
 from ptxgym.sandbox.isolation import (
     hand_library,
     limit_resources,
@@ -62,6 +69,8 @@ from ptxgym.tasks import Task
 if TYPE_CHECKING:
     import numpy
     from numpy.typing import NDArray
+
+    from ptxgym.languages.triton.runtime import TritonEntry
 
 T = TypeVar("T")
 EXIT_ENTRY_FAILED = 3  # the entry point returned a CUDA error
@@ -85,13 +94,18 @@ CALL_SECONDS_KEYS = (
 # Where a count run writes its counts, in its own folder: one row per instruction counted,
 # [function symbol, offset, warp-level executions, threads with the predicate on].
 COUNTS_FILE = "counts.json"
+# Where a Triton candidate's run lists the cubins of its Triton cache that its call loaded.
+LOADED_FILE = "loaded.json"
 _CU_STREAM_NON_BLOCKING = 1
 # The worker's poison for outputs (NaN; -0x7EADBEEF for integers) as the bit pattern a memset
 # writes: element bytes and pattern, per dtype.
 _POISON_PATTERNS = {
     "bfloat16": (2, 0x7FC0),
+    "float16": (2, 0x7E00),
     "float32": (4, 0x7FC0_0000),
     "int32": (4, -0x7EAD_BEEF & 0xFFFF_FFFF),
+    "int8": (1, 0x80),
+    "float8_e4m3fn": (1, 0x7F),
 }
 
 
@@ -105,6 +119,10 @@ class CallJob:
     # Each input's bytes, made with the task's trusted generator
     # (ptxgym.evaluate.worker.host_bytes).
     inputs: Mapping[str, NDArray[numpy.uint8]]
+    # How the library is loaded and called (the language's entry kind), and what a Triton entry
+    # is told (ptxgym.evaluate.compile_run.Prepared).
+    entry: str = ENTRY_C_ABI
+    facts: Mapping[str, str] = field(default_factory=dict)
 
     def to_json(self, input_files: Mapping[str, str], library: str) -> str:
         """The job as the program reads it, its inputs in ``input_files`` (name: path) and the
@@ -113,6 +131,8 @@ class CallJob:
             {
                 "task": self.task.model_dump(mode="json"),
                 "library": library,
+                "entry": self.entry,
+                "facts": dict(self.facts),
                 "workload": dict(self.workload),
                 "inputs": dict(input_files),
             }
@@ -201,7 +221,8 @@ class PendingCall:
             path.write_bytes(data.data)
             files[name] = str(path)
         # Complete before the word: the program reads it then.
-        self._job.write_text(job.to_json(files, hand_library(job.library, self.folder)))
+        library = hand_candidate(job.library, self.folder, job.entry)
+        self._job.write_text(job.to_json(files, library))
         self._go.touch()
 
     def wait_until_gpu_taken(self, timeout_s: float) -> None:
@@ -229,6 +250,18 @@ class PendingCall:
         shutil.rmtree(self.folder, ignore_errors=True)
 
 
+def hand_candidate(library: str, folder: Path, entry: str) -> str:
+    """A copy of a prepared candidate in a confined process's own ``folder`` (its library; for
+    Triton the module and its compiled cache, which Triton finds beside it): the path the
+    process loads."""
+    if entry == ENTRY_C_ABI:
+        return hand_library(library, folder)
+    source = Path(library).parent
+    copy = hand_library(library, folder, TRITON_MODULE)
+    shutil.copytree(source / CACHE_FOLDER, folder / CACHE_FOLDER, dirs_exist_ok=True)
+    return copy
+
+
 # The spec's lock files, which the program takes after its files are confined.
 _LOCK_FILES = ("gpu_lock", "startup_lock", "profiler_lock")
 
@@ -238,7 +271,7 @@ def run_job(spec_path: str) -> int:
     # A printf flood ends this process instead of filling the disk (as in the worker).
     limit_resources()
     spec = json.loads(Path(spec_path).read_text())
-    from ptxgym.evaluate.worker import Entry
+    from ptxgym.evaluate.worker import EntryPoint, load_entry
 
     gpu_lock = Path(spec["gpu_lock"])
     # The start-up (Python, the driver with the tool's injection, the CUDA context under the
@@ -273,6 +306,15 @@ def run_job(spec_path: str) -> int:
     axes = {**task.definition.const_axes, **job["workload"]["axes"]}
     with seconds_into(seconds, "read"):  # before the GPU is held: only the copies need it
         data = {name: Path(job["inputs"][name]).read_bytes() for name in task.definition.inputs}
+    triton: TritonEntry | None = None
+    if job["entry"] == ENTRY_TRITON:
+        # Imported before the GPU is held: torch's and Triton's imports are seconds of CPU, and
+        # the module's own code runs nothing on the GPU (its module level holds only constants,
+        # ptxgym.languages.triton.policy); its kernels load when they are first launched.
+        from ptxgym.languages.triton.runtime import TritonEntry
+
+        with seconds_into(seconds, "load"):
+            triton = TritonEntry(job["library"], task, job["facts"])
     # The call has the GPU to itself, except a count run's (shared: its counts are exact beside
     # others). Nsight Compute and compute-sanitizer do not overlap well: on the H200, runs
     # sharing the GPU made a step slower, not faster (docs/benchmarks.md, third session).
@@ -295,9 +337,12 @@ def run_job(spec_path: str) -> int:
         with seconds_into(seconds, "load"):
             if counter is not None:
                 counter.enable()  # each kernel is patched when it first runs, from here on
-            entry = Entry(job["library"], task)
+            entry: EntryPoint = triton or load_entry(job["entry"], job["library"], task)
         with seconds_into(seconds, "call"):
             code = profiled(cuda, lambda: entry(inputs, outputs, axes, stream))
+        if triton is not None:
+            # Which of the cache's cubins ran: the count joins its rows with their listing only.
+            Path(LOADED_FILE).write_text(json.dumps(triton.cubins))
         if counter is not None:
             with seconds_into(seconds, "count"):
                 records = counter.collect()
@@ -362,7 +407,9 @@ class DriverContext:
         size, pattern = _POISON_PATTERNS[dtype]
         buffer = self.allocate(elements * size)
         pointer, count = ctypes.c_uint64(buffer.pointer), ctypes.c_size_t(elements)
-        if size == 2:
+        if size == 1:
+            self._check("cuMemsetD8_v2", pointer, ctypes.c_ubyte(pattern), count)
+        elif size == 2:
             self._check("cuMemsetD16_v2", pointer, ctypes.c_ushort(pattern), count)
         else:
             self._check("cuMemsetD32_v2", pointer, ctypes.c_uint(pattern), count)

@@ -1,5 +1,9 @@
 """The untrusted worker: loads one candidate library, runs it, and reports what it produced.
 
+The job says how the candidate is loaded (its language's entry kind, ``load_entry``): a shared
+library's C entry through ctypes, or a Triton module whose kernels its compile run compiled
+(``ptxgym.evaluate.compile_run``), called with torch tensors on the worker's stream.
+
 A worker serves exactly one evaluation and exits; a fresh one is started for the next, so no state
 (static caches, a corrupted CUDA context, threads left running) survives from one candidate to
 another. It never receives reference outputs or baseline timings: it generates the inputs itself
@@ -25,7 +29,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from ptxgym.device.gpus import initialize_driver, make_context
 from ptxgym.device.lock import startup_hold
+from ptxgym.evaluate.correctness import INTEGER_POISON
 from ptxgym.evaluate.timing import Timer
+from ptxgym.languages.base import ENTRY_C_ABI, ENTRY_TRITON
 from ptxgym.sandbox import channel
 from ptxgym.sandbox.isolation import confine, seal
 from ptxgym.tasks import Task
@@ -40,7 +46,6 @@ if TYPE_CHECKING:
 # from. Importing them touches no GPU: CUDA starts in the worker.
 WORKER_IMPORTS = ("torch", "ptxgym.evaluate.worker")
 _POISON = float("nan")
-_TORCH_DTYPES = {"bfloat16": "bfloat16", "float32": "float32", "int32": "int32"}
 
 
 def resolve_callable(reference: str) -> Callable[..., Any]:
@@ -92,7 +97,7 @@ def allocate_outputs(task: Task, axes: dict[str, int]) -> dict[str, torch.Tensor
     outputs = {}
     for name, spec in task.definition.outputs.items():
         shape = [axes[a] for a in spec.shape]
-        dtype = getattr(torch, _TORCH_DTYPES[spec.dtype])
+        dtype = getattr(torch, spec.dtype)  # task dtypes are named as torch names them
         outputs[name] = torch.empty(shape, dtype=dtype, device="cuda")
     poison(outputs)
     return outputs
@@ -103,7 +108,7 @@ def poison(outputs: dict[str, torch.Tensor]) -> None:
         if tensor.is_floating_point():
             tensor.fill_(_POISON)
         else:
-            tensor.fill_(-0x7EADBEEF)
+            tensor.fill_(INTEGER_POISON[tensor.element_size()])
 
 
 class DeviceBuffer(Protocol):
@@ -140,6 +145,35 @@ class Entry:
         arguments += [outputs[name].data_ptr() for name in definition.outputs]
         arguments += [axes[name] for name in self.task.entry_point.axes]
         return int(self.function(*arguments, stream))
+
+
+class EntryPoint(Protocol):
+    """A loaded candidate's entry, whatever its language: called with the input and output
+    buffers, the axes and the stream to launch on; returns 0 or a CUDA error code (a Triton
+    entry raises instead)."""
+
+    def __call__(
+        self,
+        inputs: Mapping[str, DeviceBuffer],
+        outputs: Mapping[str, DeviceBuffer],
+        axes: Mapping[str, int],
+        stream: int,
+    ) -> int: ...
+
+
+def load_entry(
+    kind: str, library: str, task: Task, facts: Mapping[str, str] | None = None
+) -> EntryPoint:
+    """The candidate at ``library`` loaded as the language's entry ``kind`` says
+    (``ptxgym.languages.base``): a C entry through ctypes, or a Triton module (told ``facts``,
+    ``ptxgym.languages.triton.runtime.host_facts``), whose kernels its compile run compiled."""
+    if kind == ENTRY_C_ABI:
+        return Entry(library, task)
+    if kind == ENTRY_TRITON:
+        from ptxgym.languages.triton.runtime import TritonEntry
+
+        return TritonEntry(library, task, facts or {})
+    raise ValueError(f"unknown entry kind {kind!r}")
 
 
 def error_name(code: int) -> str:
@@ -223,7 +257,7 @@ def _serve(
     import torch
 
     task = Task.model_validate(job["task"])
-    entry = Entry(job["library"], task)
+    entry = load_entry(job.get("entry", ENTRY_C_ABI), job["library"], task, job.get("facts"))
     stream = torch.cuda.Stream()
     try:
         for workload in job["workloads"]:
@@ -276,7 +310,7 @@ def _judges_answer(conn: Connection, *kinds: str) -> str:
 def _time_workload(
     conn: Connection,
     task: Task,
-    entry: Entry,
+    entry: EntryPoint,
     workload: dict[str, Any],
     job: dict[str, Any],
     timer: Timer,

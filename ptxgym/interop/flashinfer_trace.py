@@ -66,6 +66,7 @@ __all__ = [
     "Workload",
     "definition_from_task",
     "definition_name",
+    "export_problem",
     "index_tensors",
     "op_type",
     "read_definition",
@@ -531,8 +532,37 @@ def _names_in(expression: str) -> set[str]:
     return {n.id for n in ast.walk(ast.parse(expression, mode="eval")) if isinstance(n, ast.Name)}
 
 
+def export_problem(task: _tasks.Task) -> str | None:
+    """Why ``task`` cannot be written as FlashInfer-Trace, or None when it can.
+
+    FlashInfer-Bench binds every var axis from the input shapes, so an output whose shape
+    needs a var axis no input has (a pooling's output size, a block quantiser's block count)
+    cannot be declared; and a workload's integer inputs must follow from its axes and sequences
+    by a rule of ``_INDEX_BUILDERS`` (indices drawn at random, as token ids are, have none).
+    """
+    bound = set(_bound_var_axes(task))
+    unbound = sorted(
+        {
+            axis
+            for spec in task.definition.outputs.values()
+            for axis in spec.shape
+            if axis in task.definition.var_axes and axis not in bound
+        }
+    )
+    if unbound:
+        return f"{task.id}: its outputs' var axes {unbound} are bound by no input"
+    integers = [n for n, s in task.definition.inputs.items() if s.dtype not in _FLOAT_DTYPES]
+    if integers and op_type(task) not in _INDEX_BUILDERS:
+        return f"{task.id}: no rule derives the integer inputs {integers} from a workload"
+    return None
+
+
 def definition_from_task(task: _tasks.Task) -> Definition:
-    """The task's operator as a FlashInfer Definition (see :func:`definition_name`)."""
+    """The task's operator as a FlashInfer Definition (see :func:`definition_name`); a
+    :class:`TraceExportError` for a task that cannot be one (:func:`export_problem`)."""
+    problem = export_problem(task)
+    if problem is not None:
+        raise TraceExportError(problem)
     kept_vars = set(_bound_var_axes(task))
     axes: dict[str, dict[str, Any]] = {}
     for name, axis in task.definition.axes.items():
@@ -1021,10 +1051,12 @@ def trace_from_outcome(
 
     correctness_record: Correctness | None = None
     if status in (EvaluationStatus.PASSED, EvaluationStatus.INCORRECT_NUMERICAL):
+        # FlashInfer-Trace has one tolerance per trace: the loosest of the outputs'.
+        tolerances = [task.tolerance_for(name) for name in task.definition.outputs]
         extra: dict[str, Any] = {
             "ptxgym_status": outcome.status.value,
-            "atol": task.tolerance.atol,
-            "rtol": task.tolerance.rtol,
+            "atol": max(t.atol for t in tolerances),
+            "rtol": max(t.rtol for t in tolerances),
         }
         if correctness is None:
             correctness_record = Correctness(
@@ -1072,11 +1104,14 @@ def write_trace_set(root: Path, tasks: Iterable[_tasks.Task]) -> list[Path]:
 
     ``definitions/<op_type>/<name>.json``, ``workloads/<op_type>/<name>.jsonl`` and
     ``blob/workloads/<op_type>/<name>/<name>_<uuid>.safetensors``. Files are overwritten (the
-    content is deterministic). Returns the definition and workload files written.
+    content is deterministic). Tasks that FlashInfer-Trace cannot describe
+    (:func:`export_problem`) are left out. Returns the definition and workload files written.
     """
     written: list[Path] = []
     owners: dict[str, str] = {}
     for task in tasks:
+        if export_problem(task) is not None:
+            continue
         definition = definition_from_task(task)
         if definition.name in owners:
             raise TraceExportError(

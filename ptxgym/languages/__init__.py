@@ -19,7 +19,10 @@ from ptxgym.languages.base import (
     read_action,
 )
 
-LANGUAGES: dict[str, str] = {"cuda": "ptxgym.languages.cuda:CUDA"}
+LANGUAGES: dict[str, str] = {
+    "cuda": "ptxgym.languages.cuda:CUDA",
+    "triton": "ptxgym.languages.triton:TRITON",
+}
 DEFAULT_LANGUAGE = "cuda"
 
 

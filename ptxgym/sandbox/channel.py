@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 
 MAX_HEADER_BYTES = 1 << 20
 MAX_FRAME_BYTES = 16 << 30
-_DTYPES = ("bfloat16", "float32", "int32", "float16", "int64")
+_DTYPES = ("bfloat16", "float32", "int32", "float16", "int64", "int8", "float8_e4m3fn")
 
 
 _ALIGNMENT = 256  # each tensor's offset in an arena: aligned for any dtype and for fast copies

@@ -38,6 +38,7 @@ import os
 import resource
 import shutil
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 from ptxgym import paths
@@ -96,13 +97,17 @@ def python_environment(folder: Path, extra_path: Path | None = None) -> dict[str
     return {**environment, "PYTHONPATH": os.pathsep.join(roots)}
 
 
-def confine(folder: Path) -> dict[str, bool]:
+def confine(
+    folder: Path, programs: Sequence[Path] | None = None, extra_readable: Sequence[Path] = ()
+) -> dict[str, bool]:
     """Confine this process before it loads candidate code: scrubbed environment, ``folder`` as
     working directory, file-size and core limits, its own network namespace when allowed, and
-    writes only beneath ``folder`` where the kernel has Landlock. Returns which of the optional
-    steps took effect."""
+    writes only beneath ``folder`` where the kernel has Landlock (and with ``programs``, no
+    program run but those files; ``extra_readable`` readable besides ``readable_paths``, e.g. the
+    lock folder a spec names). Returns which of the optional steps took effect."""
     folder.mkdir(parents=True, exist_ok=True)
-    readable = readable_paths()  # before the scrub: it reads settings (PTXGYM_LOCK_DIR, CUDA_HOME)
+    # Before the scrub: it reads settings (PTXGYM_LOCK_DIR, CUDA_HOME).
+    readable = [*readable_paths(), *extra_readable]
     environment = scrubbed_environment(folder)
     for name in list(os.environ):
         del os.environ[name]  # unsetenv: the C library's environ changes too
@@ -111,7 +116,7 @@ def confine(folder: Path) -> dict[str, bool]:
     os.chdir(folder)
     limit_resources()
     network_isolated = _unshare_network()
-    files_confined = restrict_files(folder, readable, scope_sockets=True)
+    files_confined = restrict_files(folder, readable, scope_sockets=True, programs=programs)
     return {
         "network_isolated": network_isolated,
         "writes_confined": files_confined,
@@ -119,13 +124,14 @@ def confine(folder: Path) -> dict[str, bool]:
     }
 
 
-def seal(network: bool) -> bool:
-    """Install the seccomp filter (``network=False``: no sockets but AF_UNIX) on every thread of
-    this process. Call it after CUDA is initialised (the driver may start helpers on the way) and
+def seal(network: bool, processes: bool = False) -> bool:
+    """Install the seccomp filter (``network=False``: no sockets but AF_UNIX; ``processes=True``:
+    new processes and programs still allowed, for a compile run) on every thread of this
+    process. Call it after CUDA is initialised (the driver may start helpers on the way) and
     before candidate code is loaded. False, with the reason on stderr (the process's log), where
     the system has no libseccomp or the kernel refuses filters."""
     try:
-        restrict_system_calls(network)
+        restrict_system_calls(network, processes)
     except SeccompUnavailable as exc:
         print(f"ptxgym: no seccomp filter: {exc}", file=sys.stderr, flush=True)
         return False
@@ -133,11 +139,15 @@ def seal(network: bool) -> bool:
 
 
 def restrict_files(
-    folder: Path, readable: list[Path] | None = None, *, scope_sockets: bool = False
+    folder: Path,
+    readable: list[Path] | None = None,
+    *,
+    scope_sockets: bool = False,
+    programs: Sequence[Path] | None = None,
 ) -> bool:
     """From now on, in this thread and all it starts: write only beneath ``folder``, in /dev/shm
     and to device files; read only beneath ``folder`` and ``readable`` (default:
-    ``readable_paths()``);
+    ``readable_paths()``); with ``programs``, run no program but those files;
     with ``scope_sockets``, connect to no abstract Unix socket made outside. False, with the
     reason on stderr, where the kernel has no Landlock. (/dev/shm: shared-memory segments, which
     the profiler's and the sanitizer's in-process parts may make to talk to their front ends; no
@@ -147,6 +157,7 @@ def restrict_files(
         landlock.confine(
             writable=[folder, *([shared_memory] if shared_memory.is_dir() else [])],
             readable=readable_paths() if readable is None else readable,
+            executable=programs,
             scope_abstract_sockets=scope_sockets,
         )
     except (landlock.LandlockUnavailable, OSError) as exc:

@@ -117,20 +117,24 @@ def confine(
     *,
     writable: Sequence[Path],
     readable: Sequence[Path] | None = None,
+    executable: Sequence[Path] | None = None,
     scope_abstract_sockets: bool = False,
 ) -> None:
     """From now on this thread and everything it starts may write only beneath ``writable`` (and
     to device files and its own threads' /proc files); with ``readable``, it may also read, list
-    and run files only beneath ``readable`` and ``writable``. A path of either list may be a
-    file; one that does not exist is left out. With ``scope_abstract_sockets``, where the kernel
-    can (ABI 6), it may not connect to an abstract Unix socket made outside (Python's
-    forkserver listens on one, and forks whatever a client asks for). For good: a ruleset cannot
-    be lifted. Raises LandlockUnavailable."""
+    and run files only beneath ``readable`` and ``writable``; with ``executable`` too, it may run
+    only those files (a program and the dynamic loader it names, each resolved), and read them.
+    A path of any list may be a file; one that does not exist is left out. With
+    ``scope_abstract_sockets``, where the kernel can (ABI 6), it may not connect to an abstract
+    Unix socket made outside (Python's forkserver listens on one, and forks whatever a client
+    asks for). For good: a ruleset cannot be lifted. Raises LandlockUnavailable."""
     abi = abi_version()
     if abi < 1:
         raise LandlockUnavailable("the kernel has no Landlock (Linux 5.13+ with it enabled)")
     writes = _WRITES_V1 | (_REFER if abi >= 2 else 0) | (_TRUNCATE if abi >= 3 else 0)
-    handled = writes | (_READS if readable is not None else 0)
+    handled = writes | (_READS if readable is not None or executable is not None else 0)
+    # Without an executable list, whatever may be read may also be run.
+    reads = _READS if executable is None else _READS & ~_EXECUTE
     syscall = _syscall()
     scoped = _SCOPE_ABSTRACT_UNIX_SOCKET if scope_abstract_sockets and abi >= 6 else 0
     attributes = _RulesetAttributes(handled, 0, scoped)
@@ -142,9 +146,11 @@ def confine(
         raise LandlockUnavailable(f"creating the ruleset failed: {_last_error()}")
     try:
         for path in readable or ():
-            _allow(syscall, ruleset, path, _READS)
+            _allow(syscall, ruleset, path, reads)
+        for path in executable or ():
+            _allow(syscall, ruleset, path, _EXECUTE | _READ_FILE)
         for path in writable:
-            _allow(syscall, ruleset, path, handled)
+            _allow(syscall, ruleset, path, handled if executable is None else handled & ~_EXECUTE)
         # Device files: the GPU driver opens its /dev nodes for writing.
         _allow(syscall, ruleset, Path("/dev"), _WRITE_FILE | (handled & _TRUNCATE))
         # The process's own threads (/proc/self resolves to this process now): the CUDA driver
@@ -180,19 +186,21 @@ def _last_error() -> str:
 
 
 def main(argv: Sequence[str]) -> None:
-    """``--read PATH`` and ``--write PATH`` (each repeatable), then ``--`` and the command to
-    run confined to them. Exits with 126 and the reason when the ruleset cannot be applied: a
-    command meant to run confined must not run unconfined."""
+    """``--read PATH``, ``--write PATH`` and ``--run FILE`` (each repeatable; with ``--run``,
+    only those files may be run), then ``--`` and the command to run confined to them. Exits
+    with 126 and the reason when the ruleset cannot be applied: a command meant to run confined
+    must not run unconfined."""
     parser = argparse.ArgumentParser(prog="landlock.py")
     parser.add_argument("--read", action="append", default=[], type=Path)
     parser.add_argument("--write", action="append", default=[], type=Path)
+    parser.add_argument("--run", action="append", default=None, type=Path)
     parser.add_argument("command", nargs=argparse.REMAINDER)
     arguments = parser.parse_args(argv)
     command = arguments.command[1:] if arguments.command[:1] == ["--"] else arguments.command
     if not command:
         parser.error("no command to run")
     try:
-        confine(writable=arguments.write, readable=arguments.read)
+        confine(writable=arguments.write, readable=arguments.read, executable=arguments.run)
     except (LandlockUnavailable, OSError) as exc:
         print(f"landlock.py: cannot confine {command[0]}: {exc}", file=sys.stderr)
         sys.exit(126)

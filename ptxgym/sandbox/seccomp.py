@@ -77,6 +77,8 @@ _DENIED_OUTRIGHT = (
     "request_key",
     "keyctl",
 )
+# What starts processes and programs, which a compile run may do.
+_PROCESSES = frozenset({"fork", "vfork", "execve", "execveat"})
 # Allowed only when the first argument is this process's id.
 _SIGNALS_TO_SELF_ONLY = ("kill", "tgkill", "rt_sigqueueinfo", "rt_tgsigqueueinfo")
 
@@ -125,9 +127,12 @@ def _library() -> ctypes.CDLL:
     return library
 
 
-def restrict_system_calls(network: bool) -> None:
+def restrict_system_calls(network: bool, processes: bool = False) -> None:
     """Install the filter on every thread of this process; for good (a filter cannot be lifted).
-    ``network=False`` also denies sockets other than ``AF_UNIX``. Raises SeccompUnavailable."""
+    ``network=False`` also denies sockets other than ``AF_UNIX``. ``processes=True`` leaves new
+    processes and programs allowed (a Triton compile run starts ptxas and the C compiler; which
+    programs it may run is Landlock's to say, ``ptxgym.sandbox.landlock``), the rest denied as
+    ever. Raises SeccompUnavailable."""
     library = _library()
     context = library.seccomp_init(_ALLOW)
     if not context:
@@ -146,9 +151,11 @@ def restrict_system_calls(network: bool) -> None:
             )
 
         for name in _DENIED_OUTRIGHT:
-            deny(name)
-        deny("clone", _ArgumentTest(0, _CMP_MASKED_EQ, _CLONE_THREAD, 0))
-        deny("clone3", action=_errno_action(errno.ENOSYS))
+            if not (processes and name in _PROCESSES):
+                deny(name)
+        if not processes:
+            deny("clone", _ArgumentTest(0, _CMP_MASKED_EQ, _CLONE_THREAD, 0))
+            deny("clone3", action=_errno_action(errno.ENOSYS))
         for name in _SIGNALS_TO_SELF_ONLY:
             deny(name, _ArgumentTest(0, _CMP_NE, os.getpid(), 0))
         if not network:

@@ -1,9 +1,18 @@
 """Tasks are data: the schema of a task, the loader of ``envs/``, the workload expressions and
 the knowledge packs. The names below are what the other stages (and users) import."""
 
-from ptxgym.tasks.loader import get_task, load_family_file, load_targets, load_tasks, registry
+from ptxgym.tasks.loader import (
+    get_task,
+    load_family_file,
+    load_targets,
+    load_tasks,
+    registry,
+    workload_for,
+)
 from ptxgym.tasks.schema import (
+    CATEGORIES,
     DTYPE_BYTES,
+    DTYPE_TOLERANCES,
     GPU,
     TASK_ID_RE,
     Axis,
@@ -18,13 +27,16 @@ from ptxgym.tasks.schema import (
     Tolerance,
     WorkloadSpec,
     c_parameter_types,
+    c_type_headers,
     check_callable_exists,
     locate_module,
     render_signature,
 )
 
 __all__ = [
+    "CATEGORIES",
     "DTYPE_BYTES",
+    "DTYPE_TOLERANCES",
     "GPU",
     "TASK_ID_RE",
     "Axis",
@@ -39,6 +51,7 @@ __all__ = [
     "Tolerance",
     "WorkloadSpec",
     "c_parameter_types",
+    "c_type_headers",
     "check_callable_exists",
     "get_task",
     "load_family_file",
@@ -47,4 +60,5 @@ __all__ = [
     "locate_module",
     "registry",
     "render_signature",
+    "workload_for",
 ]

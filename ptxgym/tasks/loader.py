@@ -24,6 +24,7 @@ from ptxgym.tasks.schema import (
     Target,
     Task,
     TaskFileError,
+    WorkloadSpec,
 )
 
 
@@ -38,9 +39,13 @@ def _read_yaml(path: Path) -> dict[str, Any]:
 
 
 def _deep_merge(base: Mapping[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
+    """``override`` merged into ``base``, mappings recursively; a null in ``override`` removes
+    the key (an entry that drops an axis or a tensor of its family's defaults)."""
     merged = dict(base)
     for key, value in override.items():
-        if isinstance(value, Mapping) and isinstance(merged.get(key), Mapping):
+        if value is None:
+            merged.pop(key, None)
+        elif isinstance(value, Mapping) and isinstance(merged.get(key), Mapping):
             merged[key] = _deep_merge(merged[key], value)
         else:
             merged[key] = value
@@ -135,6 +140,20 @@ def _resolve_workload(
     }
 
 
+def workload_for(
+    task: Task,
+    name: str,
+    axes: Mapping[str, int],
+    sequences: Mapping[str, Any] | None = None,
+) -> WorkloadSpec:
+    """A workload of ``task`` other than its own (e.g. a small one for a CPU test): the derived
+    axes computed and the constraints checked exactly as the loader does for the task file's."""
+    raw = {"name": name, "axes": dict(axes), "sequences": dict(sequences or {})}
+    definition = task.definition.model_dump()
+    resolved = _resolve_workload(raw, task.derived_axes, definition, f"{task.id}: {name}")
+    return WorkloadSpec.model_validate(resolved)
+
+
 def load_targets(directory: Path) -> dict[str, Target]:
     targets: dict[str, Target] = {}
     for path in sorted(directory.glob("*.yaml")):
@@ -152,6 +171,8 @@ _FAMILY_FIELDS = {"family", "gpus", "defaults", "tasks"}
 _TASK_FIELDS = {
     "op",
     "suffix",
+    "category",
+    "kind",
     "description",
     "definition",
     "derived_axes",
@@ -161,6 +182,7 @@ _TASK_FIELDS = {
     "tolerance",
     "turns",
     "flops",
+    "bytes",
     "min_coverage",
 }
 
@@ -222,7 +244,7 @@ def _build_task(
         _resolve_workload(w, derived, definition, f"{where}: workloads[{i}]")
         for i, w in enumerate(raw_workloads)
     ]
-    fields = {k: v for k, v in merged.items() if k not in ("suffix", "derived_axes")}
+    fields = {k: v for k, v in merged.items() if k != "suffix"}
     try:
         return Task.model_validate(
             {

@@ -8,25 +8,79 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+import math
 import re
 from collections.abc import Mapping
 from functools import cache
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from ptxgym.tasks import expressions
 
 GPU = Literal["H100", "B200"]
-DType = Literal["bfloat16", "float32", "int32"]
+# Element types, named as torch names them (``getattr(torch, dtype)`` is the tensor's dtype).
+DType = Literal["bfloat16", "float16", "float32", "int32", "int8", "float8_e4m3fn"]
 FamilyKey = Literal["compute", "data_movement"]
+# The closed set of task categories (docs/tasks.md, "Categories"): reports group by them and
+# ``ptxgym list --category`` filters by them, so a new name is a documented change, not a typo.
+Category = Literal[
+    "gemm",
+    "attention",
+    "elementwise",
+    "reduction",
+    "normalization",
+    "softmax",
+    "loss",
+    "scan",
+    "sort-topk",
+    "gather-scatter",
+    "pooling",
+    "convolution",
+    "quantization",
+    "fused",
+    "sparse",
+]
+CATEGORIES: tuple[str, ...] = get_args(Category)
+# ``instruction``: a correct kernel qualifies only by executing the target's instruction
+# families (wgmma/TMA, tcgen05/TMA). ``performance``: no family is required (the operator has no
+# matrix product for them to do); qualification does not apply and only Fast_p is reported.
+TaskKind = Literal["instruction", "performance"]
+# What the timed baseline is: a vendor library (cuBLAS, cuDNN, FlashInfer) reached through
+# torch, code that torch.compile generated, or PyTorch's own eager kernels.
+BaselineKind = Literal["library", "torch.compile", "eager"]
 
-TASK_ID_RE = re.compile(r"^PTX-(?P<gpu>H100|B200)-(?P<op>[A-Za-z]+)(?:-d(?P<head_dim>\d+))?$")
+# The op part of an id starts with a letter and may hold digits (``GEMMFP8``); existing ids
+# (letters only, an optional ``-d<head dim>``) match exactly as before.
+TASK_ID_RE = re.compile(
+    r"^PTX-(?P<gpu>H100|B200)-(?P<op>[A-Za-z][A-Za-z0-9]*)(?:-d(?P<head_dim>\d+))?$"
+)
 _C_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _CALLABLE_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
-_C_TYPES: dict[str, str] = {"bfloat16": "__nv_bfloat16", "float32": "float", "int32": "int"}
-DTYPE_BYTES: dict[str, int] = {"bfloat16": 2, "float32": 4, "int32": 4}
+_C_TYPES: dict[str, str] = {
+    "bfloat16": "__nv_bfloat16",
+    "float16": "__half",
+    "float32": "float",
+    "int32": "int",
+    "int8": "int8_t",
+    "float8_e4m3fn": "__nv_fp8_e4m3",
+}
+# The header that declares each C type beyond the always-included bf16 and runtime ones: the
+# build includes it ahead of the candidate, whose signature check names the type.
+_C_TYPE_HEADERS: dict[str, str] = {
+    "float16": "<cuda_fp16.h>",
+    "int8": "<stdint.h>",
+    "float8_e4m3fn": "<cuda_fp8.h>",
+}
+DTYPE_BYTES: dict[str, int] = {
+    "bfloat16": 2,
+    "float16": 2,
+    "float32": 4,
+    "int32": 4,
+    "int8": 1,
+    "float8_e4m3fn": 1,
+}
 
 
 class TaskFileError(ValueError):
@@ -53,13 +107,38 @@ class Axis(_Model):
         return self
 
 
+class Tolerance(_Model):
+    """An element passes when ``|out - ref| <= atol + rtol * |ref|``; both 0 is an exact match
+    (integer outputs)."""
+
+    atol: float = Field(ge=0)
+    rtol: float = Field(ge=0)
+
+
+# The tolerance of an output whose task names none, by its dtype (docs/tasks.md, "Tolerances").
+# Floating types allow about one to two units in the last place of the output type against the
+# float32 reference (the candidate rounds once to the output type; the reference does not);
+# int32 outputs (indices, counts) must match exactly; an int8 output may differ by one step (a
+# quantiser's round-half case decided the other way); a float8 e4m3 output by one e4m3 step.
+DTYPE_TOLERANCES: dict[str, Tolerance] = {
+    "bfloat16": Tolerance(atol=1e-2, rtol=1e-2),
+    "float16": Tolerance(atol=2e-3, rtol=2e-3),
+    "float32": Tolerance(atol=1e-4, rtol=1e-4),
+    "int32": Tolerance(atol=0, rtol=0),
+    "int8": Tolerance(atol=1, rtol=0),
+    "float8_e4m3fn": Tolerance(atol=2**-6, rtol=0.125),
+}
+
+
 class TensorSpec(_Model):
-    """One input or output tensor: shape as axis names, dtype, memory layout in words."""
+    """One input or output tensor: shape as axis names, dtype, memory layout in words, and for
+    an output the tolerance of its check when it is not its task's or its dtype's."""
 
     shape: list[str]
     dtype: DType
     layout: str = "row-major, contiguous"
     description: str = ""
+    tolerance: Tolerance | None = None
 
 
 class OpDefinition(_Model):
@@ -113,6 +192,10 @@ class Callables(_Model):
     inputs: str
     reference: str
     baseline: str
+    # What the baseline is (library / torch.compile / eager) and, in words, which one: the
+    # strongest available, named so that a speedup says against what.
+    baseline_kind: BaselineKind
+    baseline_name: str = Field(min_length=1)
     params: dict[str, Any] = {}
 
     @field_validator("inputs", "reference", "baseline")
@@ -171,33 +254,40 @@ class EntryPoint(_Model):
         return value
 
 
-class Tolerance(_Model):
-    atol: float = Field(gt=0)
-    rtol: float = Field(gt=0)
-
-
 class Task(_Model):
     """One environment: an operator, a workload pool, a GPU target and the evaluation settings."""
 
     id: str
     family: str
+    category: Category
+    kind: TaskKind = "instruction"
     op: str
     gpu: GPU
     description: str
     definition: OpDefinition
+    # Var axes computed from each workload's sequences (and axes): an expression per axis.
+    derived_axes: dict[str, str] = {}
     workloads: list[WorkloadSpec] = Field(min_length=1)
     callables: Callables
     target: Target
     entry_point: EntryPoint
-    tolerance: Tolerance
+    # Every output's tolerance, unless the output names its own; None: each output's dtype's
+    # (DTYPE_TOLERANCES). See ``tolerance_for``.
+    tolerance: Tolerance | None = None
     turns: int = Field(ge=1)
     # The operator's floating-point work on a workload: an expression over its axes and
     # sequences (ptxgym.tasks.expressions), counting each multiply-add of its matrix products
-    # as 2 and only the pairs a causal mask keeps.
+    # as 2 and only the pairs a causal mask keeps; for an operator without matrix products, its
+    # arithmetic (docs/tasks.md, "FLOP and byte models").
     flops: str
+    # The bytes a workload must move at least, as an expression like ``flops``; None: every
+    # input read once and every output written once (right where the operator touches all of
+    # its tensors; a gather or a paged cache reads less, and says so here).
+    bytes: str | None = None
     # The part of that work the target family of tensor-core instructions must do for the
-    # compute family to qualify (ptxgym.evaluate.profile.InstructionProfile.qualified).
-    min_coverage: float = Field(ge=0.0, le=1.0)
+    # compute family to qualify (ptxgym.evaluate.profile.InstructionProfile.qualified); 0 for a
+    # performance task, which has no family to qualify with.
+    min_coverage: float = Field(0.0, ge=0.0, le=1.0)
     source: str
 
     @model_validator(mode="after")
@@ -219,32 +309,72 @@ class Task(_Model):
         unknown = [a for a in self.entry_point.axes if a not in self.definition.axes]
         if unknown:
             raise ValueError(f"entry_point.axes: unknown axes {unknown}")
+        parameters = [*self.definition.inputs, *self.definition.outputs, *self.entry_point.axes]
+        repeated = sorted(
+            {p for p in [*parameters, "stream"] if [*parameters, "stream"].count(p) > 1}
+        )
+        if repeated:
+            raise ValueError(f"entry_point: parameter names used twice: {repeated}")
         expected = render_signature(self.definition, self.entry_point)
         if _normalise(self.entry_point.signature) != _normalise(expected):
             raise ValueError(
                 "entry_point.signature: does not match the definition; "
                 f"from the inputs, outputs and axes it must be: {expected}"
             )
+        if self.kind == "instruction" and self.min_coverage == 0:
+            raise ValueError("min_coverage: an instruction task needs a share of work > 0")
+        if self.kind == "performance" and self.min_coverage != 0:
+            raise ValueError("min_coverage: a performance task has no family to cover work")
         names = {w.name for w in self.workloads}
         if len(names) != len(self.workloads):
             raise ValueError("workloads: names must be unique")
         for workload in self.workloads:
-            try:
-                work = self.flops_of(workload.axes, workload.sequences)
-            except expressions.ExpressionError as exc:
-                raise ValueError(f"flops: {exc}") from None
-            if work <= 0:
-                raise ValueError(f"flops: {work} on workload {workload.name!r}; it must be > 0")
+            for field, model in (("flops", self.flops_of), ("bytes", self.bytes_of)):
+                try:
+                    amount = model(workload.axes, workload.sequences)
+                except expressions.ExpressionError as exc:
+                    raise ValueError(f"{field}: {exc}") from None
+                if amount <= 0:
+                    raise ValueError(
+                        f"{field}: {amount} on workload {workload.name!r}; it must be > 0"
+                    )
         return self
 
     def flops_of(self, axes: Mapping[str, int], sequences: Mapping[str, list[int]]) -> int:
         """The operator's floating-point work on a workload of these axes and sequences."""
+        return self._integer(self.flops, axes, sequences)
+
+    def bytes_of(self, axes: Mapping[str, int], sequences: Mapping[str, list[int]]) -> int:
+        """The bytes a workload of these axes and sequences must move at least: the ``bytes``
+        model, or each input read and each output written once."""
+        if self.bytes is not None:
+            return self._integer(self.bytes, axes, sequences)
+        values = {**self.definition.const_axes, **axes}
+        tensors = {**self.definition.inputs, **self.definition.outputs}
+        return sum(
+            math.prod(values[axis] for axis in spec.shape) * DTYPE_BYTES[spec.dtype]
+            for spec in tensors.values()
+        )
+
+    def _integer(
+        self, expression: str, axes: Mapping[str, int], sequences: Mapping[str, list[int]]
+    ) -> int:
         names: dict[str, expressions.Value] = {**self.definition.const_axes, **axes}
         names.update({name: list(lengths) for name, lengths in sequences.items()})
-        work = expressions.evaluate(self.flops, names)
-        if type(work) is not int:
-            raise expressions.ExpressionError(f"{self.flops!r} is not an integer")
-        return work
+        value = expressions.evaluate(expression, names)
+        if type(value) is not int:
+            raise expressions.ExpressionError(f"{expression!r} is not an integer")
+        return value
+
+    @property
+    def instructions_required(self) -> bool:
+        """Whether a correct kernel must execute a target instruction family to qualify."""
+        return self.kind == "instruction"
+
+    def tolerance_for(self, output: str) -> Tolerance:
+        """The tolerance of one output's check: its own, else the task's, else its dtype's."""
+        spec = self.definition.outputs[output]
+        return spec.tolerance or self.tolerance or DTYPE_TOLERANCES[spec.dtype]
 
     @property
     def arch(self) -> str:
@@ -265,6 +395,12 @@ def c_parameter_types(definition: OpDefinition, entry: EntryPoint) -> list[str]:
     types = [f"const {_C_TYPES[spec.dtype]}*" for spec in definition.inputs.values()]
     types += [f"{_C_TYPES[spec.dtype]}*" for spec in definition.outputs.values()]
     return [*types, *(["int"] * len(entry.axes)), "cudaStream_t"]
+
+
+def c_type_headers(definition: OpDefinition) -> tuple[str, ...]:
+    """The headers that declare the C types of the definition's tensors, in a stable order."""
+    dtypes = [spec.dtype for spec in (*definition.inputs.values(), *definition.outputs.values())]
+    return tuple(dict.fromkeys(_C_TYPE_HEADERS[d] for d in dtypes if d in _C_TYPE_HEADERS))
 
 
 def render_signature(definition: OpDefinition, entry: EntryPoint) -> str:

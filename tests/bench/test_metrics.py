@@ -82,3 +82,23 @@ def test_summary_pairs_target_instruction_first() -> None:
     assert summary.best_speedup[4] == (2.0, 3.0)
     assert summary.best_speedup[8] == (2.0, 3.0)  # limits past the length use every turn
     assert summary.fast[1.0][4] == pytest.approx((1 / 8, 3 / 8))
+
+
+def test_performance_turns_have_only_unrestricted_metrics() -> None:
+    fast = Turn(True, None, 3.0, instructions_required=False)
+    slow = Turn(True, None, 0.5, instructions_required=False)
+    performance = [[fast, WRONG_PERFORMANCE, slow]]
+    assert turn_correctness(performance) == pytest.approx(2 / 3)
+    assert fast_p(performance, 1.0) == pytest.approx(1 / 3)
+    assert best_speedup(performance) == 3.0
+    # No target-instruction metric: a set of performance tasks has none, not zeros.
+    assert turn_correctness(performance, inst=True) is None
+    assert fast_p(performance, 1.0, inst=True) is None
+    assert best_speedup(performance, inst=True) is None
+    # Pooled with an instruction task, the target-instruction values are over its turns only.
+    mixed = [*performance, A]
+    assert turn_correctness(mixed, inst=True) == turn_correctness([A], inst=True)
+    assert turn_correctness(mixed) == pytest.approx(5 / 7)
+
+
+WRONG_PERFORMANCE = Turn(False, None, None, instructions_required=False)

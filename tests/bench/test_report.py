@@ -373,7 +373,7 @@ def test_models_pool_runs_and_split_knowledge_levels(tmp_path: Path) -> None:
 
 def test_json_has_the_per_model_numbers(models_file: Path) -> None:
     document = json.loads(report([models_file], fmt="json"))
-    assert set(document) == {"models", "tasks"}
+    assert set(document) == {"models", "tasks", "categories"}
     llm, scripted = document["models"]
     assert (llm["agent"], llm["knowledge"], llm["model"], scripted["model"]) == (
         "llm",

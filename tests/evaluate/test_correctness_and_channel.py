@@ -268,3 +268,33 @@ def test_a_closed_channel_is_an_end_of_file_even_within_a_message() -> None:
     left.close()
     with pytest.raises(EOFError):
         channel.receive(right, timeout_s=5)
+
+
+def test_an_int8_output_still_holding_the_poison_fails_within_a_step_of_tolerance() -> None:
+    quantiser = get_task("PTX-H100-QuantInt8Row")
+    axes = {"M": 2, "N": 128}
+    q = torch.zeros((2, 128), dtype=torch.int8)
+    q[0, 0] = -127  # the row's largest magnitude, negative: the quantiser writes -127 here
+    references = {"q": q.clone(), "scale": torch.ones(2)}
+    written = {"q": q.clone(), "scale": torch.ones(2)}
+    off_by_one = written["q"].clone()
+    off_by_one[1, 5] = 1  # one step: the int8 tolerance allows it
+    assert check_outputs(quantiser, "t", "w", axes, {**written, "q": off_by_one}, references).ok
+    unwritten = written["q"].clone()
+    unwritten[0, 0] = -128  # the worker's poison, one step from the reference's -127
+    report = check_outputs(quantiser, "t", "w", axes, {**written, "q": unwritten}, references)
+    check = report.outputs[0]
+    assert not report.ok and check.non_finite == 1 and check.worst[0].index == (0, 0)
+
+
+def test_float8_and_float16_outputs_are_checked_in_their_dtypes() -> None:
+    fp8 = get_task("PTX-H100-QuantFP8Row")
+    axes = {"M": 1, "N": 128}
+    values = torch.linspace(-448, 448, 128).reshape(1, 128)
+    references = {"q": values.to(torch.float8_e4m3fn), "scale": torch.ones(1)}
+    step = values.to(torch.float8_e4m3fn).float() * 1.1  # about one e4m3 step away
+    outputs = {"q": step.to(torch.float8_e4m3fn), "scale": torch.ones(1)}
+    assert check_outputs(fp8, "t", "w", axes, outputs, references).ok
+    wrong_dtype = {"q": values.to(torch.float16), "scale": torch.ones(1)}
+    report = check_outputs(fp8, "t", "w", axes, wrong_dtype, references)
+    assert report.first_problem == "dtype"

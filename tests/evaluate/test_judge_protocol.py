@@ -29,7 +29,7 @@ class StandInJudge:
     def __init__(self, device: int, settings: JudgeSettings) -> None:
         self.device_info = {"name": "stand-in", "device": device}
 
-    def evaluate(self, task: Task, library: str) -> Verdict:
+    def evaluate(self, task: Task, library: str, language: str = "cuda") -> Verdict:
         assert isinstance(task, Task)
         if library == "boom":
             raise ValueError("the stand-in was asked to fail")

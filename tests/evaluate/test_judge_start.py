@@ -24,7 +24,7 @@ class StandInJudge:
     def __init__(self, device: int, settings: JudgeSettings) -> None:
         self.device_info = {"name": "stand-in"}
 
-    def evaluate(self, task, library):
+    def evaluate(self, task, library, language="cuda"):
         return Verdict(Status.PASSED, f"{task.id}: {library}")
 
     def baseline_ms(self, task):

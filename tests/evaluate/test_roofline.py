@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from ptxgym.evaluate.roofline import FAULT_RATIO, peaks_for, speed_of_light, task_bytes
+from ptxgym.evaluate.roofline import FAULT_RATIO, peaks_for, speed_of_light
 from ptxgym.evaluate.timing import WorkloadTiming
 from ptxgym.feedback import speed_of_light_line
 from ptxgym.tasks import get_task
@@ -19,18 +19,18 @@ def timing(workload: str, latency_ms: float) -> WorkloadTiming:
 
 
 def test_the_byte_models_count_each_tensor_once() -> None:
-    assert task_bytes(GEMM, {"M": 3, "N": 5, "K": 7}) == (3 * 7 + 5 * 7 + 3 * 5) * 2
+    assert GEMM.bytes_of({"M": 3, "N": 5, "K": 7}, {}) == (3 * 7 + 5 * 7 + 3 * 5) * 2
     mha = get_task("PTX-H100-MHAFwd-d64")
     b, s, h, d = 2, 8, 3, 64
     # Q, K, V and O in bf16, LSE [B, H, S] in float32.
-    assert task_bytes(mha, {"B": b, "S": s, "H": h}) == 4 * b * s * h * d * 2 + b * h * s * 4
+    assert mha.bytes_of({"B": b, "S": s, "H": h}, {}) == 4 * b * s * h * d * 2 + b * h * s * 4
     backward = get_task("PTX-H100-MHABwd-d64")
     # Q, K, V, O, dO (bf16), LSE (float32) in; dQ, dK, dV out (as the definition types them).
     outputs = {spec.dtype for spec in backward.definition.outputs.values()}
     per_output = {"bfloat16": 2, "float32": 4}[outputs.pop()]
     assert not outputs
     expected = 5 * b * s * h * d * 2 + b * h * s * 4 + 3 * b * s * h * d * per_output
-    assert task_bytes(backward, {"B": b, "S": s, "H": h}) == expected
+    assert backward.bytes_of({"B": b, "S": s, "H": h}, {}) == expected
 
 
 def test_a_device_is_matched_by_name_and_scaled_to_its_sms() -> None:
@@ -80,7 +80,7 @@ def test_a_pooled_tasks_bound_sums_its_workloads_and_decode_is_memory_bound() ->
     bound = speed_of_light(decode, timings, H200)
     assert bound is not None and bound.limit == "memory"
     assert bound.latency_ms == pytest.approx(0.5 * len(decode.workloads))
-    moved = sum(task_bytes(decode, workload.axes) for workload in decode.workloads)
+    moved = sum(decode.bytes_of(workload.axes, workload.sequences) for workload in decode.workloads)
     assert bound.bytes == moved
     assert bound.bound_ms == pytest.approx(moved / 4.8e12 * 1e3, rel=1e-6)
     assert speed_of_light(decode, [], H200) is None

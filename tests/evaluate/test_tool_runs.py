@@ -18,6 +18,7 @@ import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import get_args
 
 import numpy
 import pytest
@@ -27,9 +28,10 @@ from ptxgym.evaluate.profile import InstructionProfile
 from ptxgym.evaluate.sanitizer import SanitizerReport
 from ptxgym.evaluate.single_call import _POISON_PATTERNS, CallJob
 from ptxgym.evaluate.tool_runs import ToolKind, ToolRuns
-from ptxgym.evaluate.worker import _TORCH_DTYPES, poison
+from ptxgym.evaluate.worker import poison
 from ptxgym.outcome import Status
 from ptxgym.tasks import get_task
+from ptxgym.tasks.schema import DType
 
 GEMM = get_task("PTX-H100-GEMM")
 
@@ -275,7 +277,7 @@ def test_the_last_seconds_line_of_a_run_is_the_one_read() -> None:
     assert call_seconds(SECONDS_MARK + '{"gpu": "x"}') == {}  # malformed: nothing, no error
 
 
-@pytest.mark.parametrize("dtype", sorted(_TORCH_DTYPES))
+@pytest.mark.parametrize("dtype", sorted(get_args(DType)))
 def test_a_tool_run_poisons_outputs_as_the_worker_does(dtype: str) -> None:
     # The single-call program sets its outputs with memsets of bit patterns; the worker fills
     # its tensors with NaN (or -0x7EADBEEF): the same bytes, for every output dtype.

@@ -23,7 +23,8 @@ pytestmark = pytest.mark.gpu
 EXPERTS = [
     (entry["file"], task_id)
     for entry in yaml.safe_load((paths.examples_dir() / "manifest.yaml").read_text())["examples"]
-    if entry["kind"] == "expert"
+    # CUDA's: the Triton examples have their own test (tests/gpu/test_triton.py).
+    if entry["kind"] == "expert" and entry.get("language", "cuda") == "cuda"
     for task_id in entry["tasks"]
 ]
 SHORT = JudgeSettings(stage_timeout_s=60.0, warmup=3, iters=10, trials=3)

@@ -53,7 +53,7 @@ class RecordingJudge:
         self.device_info = {"name": "recording stand-in"}
         self.asked: list[tuple[str, str]] = []
 
-    def evaluate(self, task: Task, library: str) -> Verdict:
+    def evaluate(self, task: Task, library: str, language: str = "cuda") -> Verdict:
         self.asked.append((task.id, library))
         return Verdict(Status.PASSED, f"{task.id}:{library}")
 
@@ -177,7 +177,7 @@ MALFORMED = {
     "kind-a-list": (b'[["evaluate"], 7, null]', 7, "unknown request"),
     "too-few-arguments": (json.dumps(_evaluate()[:4]).encode(), 7, "wrong number of arguments"),
     "too-many-arguments": (
-        json.dumps([*_evaluate(), "more"]).encode(),
+        json.dumps([*_evaluate(), "cuda", "more"]).encode(),  # library, language, and more
         7,
         "wrong number of arguments",
     ),

@@ -8,7 +8,13 @@ reply), ``cpp_tokens`` (the C++ tokeniser every scan shares), ``policy`` (the st
 from __future__ import annotations
 
 from ptxgym.build.result import CompileResult
-from ptxgym.languages.base import ActionLanguage, Extraction, LanguageSections, PolicyReport
+from ptxgym.languages.base import (
+    ENTRY_C_ABI,
+    ActionLanguage,
+    Extraction,
+    LanguageSections,
+    PolicyReport,
+)
 from ptxgym.languages.cuda import prompt
 from ptxgym.languages.cuda.compiler import compile_source
 from ptxgym.languages.cuda.extract import extract_source
@@ -21,6 +27,8 @@ class CudaLanguage:
 
     name = "cuda"
     fence = "cuda"
+    entry = ENTRY_C_ABI
+    pack_wrappers = True
 
     def extract(self, action: str) -> Extraction:
         return extract_source(action)

@@ -52,7 +52,7 @@ from ptxgym.build.sass import SassInventory, demangle, inventory
 from ptxgym.languages.cuda.cpp_tokens import Lexer, string_runs
 from ptxgym.languages.cuda.policy import ASSEMBLER_ESCAPE_RE, included_headers
 from ptxgym.sandbox.processes import run_group
-from ptxgym.tasks import Task, c_parameter_types
+from ptxgym.tasks import Task, c_parameter_types, c_type_headers
 from ptxgym.tasks.packs import pack_header_name
 
 MAX_CACHED_BUILDS = 4000
@@ -182,7 +182,8 @@ def build_source(task: Task, source: str) -> str:
         f"the entry point {symbol} does not have the required signature: "
         f"{task.entry_point.signature}"
     ).replace('"', '\\"')
-    headers = dict.fromkeys((*_BUILD_HEADERS, *included_headers(source, task)))
+    types = c_type_headers(task.definition)  # fp16, fp8, int8 tensors' C types
+    headers = dict.fromkeys((*_BUILD_HEADERS, *types, *included_headers(source, task)))
     return (
         "".join(f"#include {header}\n" for header in headers)
         + f'#include "{_NO_PROBE_HEADER_NAME}"\n'

@@ -9,14 +9,9 @@ from __future__ import annotations
 
 import re
 
-from ptxgym.languages.base import MAX_ACTION_CHARS, Extraction
+from ptxgym.languages.base import MAX_ACTION_CHARS, Extraction, fenced_blocks
 
 _CODE_TAGS = {"cuda", "cu", "cpp", "c++", "cxx", "cc", "c", "h", "hpp", "cuh"}
-# A fence opens a line with three or more backticks, then an optional info string whose first
-# word is the tag; it closes with a line of at least as many backticks and nothing else. Lines
-# are matched one at a time, each pattern without backtracking, so finding fences is linear.
-_FENCE_OPEN_RE = re.compile(r"[ \t]*(`{3,})[ \t]*([^\s`]*)")
-_FENCE_CLOSE_RE = re.compile(r"[ \t]*(`{3,})[ \t]*")
 _CODE_HINT_RE = re.compile(r'extern\s+"C"|__global__|#\s*include|asm\s*(volatile\s*)?\(')
 _BAD_CONTROL_RE = re.compile(r"[\x00-\x08\x0e-\x1f\x7f]")
 
@@ -45,7 +40,7 @@ def extract_source(action: str) -> Extraction:
     if not action.strip():
         return Extraction(None, "the action is empty; send one ```cuda block with the kernel")
 
-    blocks = _fenced_blocks(action)
+    blocks = fenced_blocks(action)
     if blocks:
         tagged = [code for tag, code in blocks if tag in _CODE_TAGS]
         untagged = [code for tag, code in blocks if not tag]
@@ -65,30 +60,3 @@ def extract_source(action: str) -> Extraction:
     if not source.strip():
         return Extraction(None, "the last ```cuda block is empty")
     return Extraction(source)
-
-
-def _fenced_blocks(text: str) -> list[tuple[str, str]]:
-    """(lowercased tag, content) of each fenced block; an unclosed last block runs to the end.
-
-    An opening line must end with a newline; a block's content runs from the line after its
-    opening to the start of its closing line."""
-    blocks: list[tuple[str, str]] = []
-    fence = 0  # the open block's number of backticks; 0 outside a block
-    tag, content_start = "", 0
-    line_start = 0
-    while line_start < len(text):
-        newline = text.find("\n", line_start)
-        line_end = len(text) if newline < 0 else newline
-        if not fence:
-            opening = _FENCE_OPEN_RE.match(text, line_start, line_end)
-            if opening is not None and newline >= 0:
-                fence, tag, content_start = len(opening.group(1)), opening.group(2), line_end + 1
-        else:
-            closing = _FENCE_CLOSE_RE.fullmatch(text, line_start, line_end)
-            if closing is not None and len(closing.group(1)) >= fence:
-                blocks.append((tag.lower(), text[content_start:line_start]))
-                fence = 0
-        line_start = line_end + 1
-    if fence:
-        blocks.append((tag.lower(), text[content_start:]))
-    return blocks

@@ -17,6 +17,8 @@ def sections(task: Task, *, variant: int, wrappers_shown: bool) -> LanguageSecti
     command = " ".join(["nvcc", *nvcc_command(task)[1:]])
     link = " ".join(["nvcc", *link_command(task)[1:]])
     return LanguageSections(
+        kernel="CUDA kernel",
+        approach="using inline PTX where CUDA C++ has no equivalent",
         build=f"`{command}` (candidate.cu is your source, included by build.cu), then `{link}`",
         interface=_interface(task),
         rules=_rules(task, wrappers_shown),
