@@ -121,6 +121,10 @@ class Spread:
             return cls(None, None, None, 0)
         return cls(sum(defined) / len(defined), min(defined), max(defined), len(defined))
 
+    def columns(self, key: str) -> dict[str, float | None]:
+        """The flat columns of metric ``key``: its mean, min and max across variants."""
+        return {f"{key}_mean": self.mean, f"{key}_min": self.low, f"{key}_max": self.high}
+
 
 @dataclass(frozen=True)
 class Row:
@@ -331,12 +335,7 @@ class ModelRow:
             "reached_gpu": self.reached_gpu,
         }
         for key, spread in self.metrics.items():
-            data |= {
-                f"{key}_mean": spread.mean,
-                f"{key}_min": spread.low,
-                f"{key}_max": spread.high,
-                f"{key}_n": spread.n,
-            }
+            data |= spread.columns(key) | {f"{key}_n": spread.n}
         return data | {
             "best_mfu_inst": None if self.best_mfu_inst is None else self.best_mfu_inst.mean,
             "best_mfu_inst_min": None if self.best_mfu_inst is None else self.best_mfu_inst.low,
@@ -637,11 +636,7 @@ class CategoryRow:
             "turns": self.turns,
         }
         for key, spread in self.metrics.items():
-            data |= {
-                f"{key}_mean": spread.mean,
-                f"{key}_min": spread.low,
-                f"{key}_max": spread.high,
-            }
+            data |= spread.columns(key)
         data |= {f"transitions_{key}": count for key, count in self.transitions.items()}
         return data | {
             "quality_turns": self.quality.turns,

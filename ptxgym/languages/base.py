@@ -123,6 +123,70 @@ def fenced_blocks(text: str) -> list[tuple[str, str]]:
     return blocks
 
 
+# Control bytes other than tab, line feed, vertical tab, form feed and carriage return.
+_BAD_CONTROL_RE = re.compile(r"[\x00-\x08\x0e-\x1f\x7f]")
+
+
+@dataclass(frozen=True)
+class SourceRules:
+    """How one language's candidate is found in an action, and how its messages name it."""
+
+    fence: str  # the tag the prompt asks the model to answer in ("cuda")
+    tags: frozenset[str]  # the fence tags taken as this language's code
+    hint: re.Pattern[str]  # what makes unfenced text look like code of this language
+    text: str  # what the action should be made of ("CUDA source")
+    holding: str  # what an action holds ("CUDA source", "a Triton module")
+    content: str  # what the fenced block holds ("the kernel")
+    complete: str  # the whole candidate ("the complete kernel source")
+
+
+def extract_fenced(action: str, rules: SourceRules) -> Extraction:
+    """Take the candidate out of an action: the last fenced block tagged as the language's code
+    (models often show a draft before the final version); with no tagged block, the last
+    untagged block; with no fence at all, the whole text if it looks like code. Raises
+    ``TypeError`` for a non-string."""
+    if not isinstance(action, str):
+        raise TypeError(
+            f"the action must be a str holding {rules.holding} or a model reply, "
+            f"not {type(action).__name__}"
+        )
+    if len(action) > MAX_ACTION_CHARS:
+        return Extraction(
+            None, f"the action is {len(action):,} characters; at most {MAX_ACTION_CHARS:,} are read"
+        )
+    try:
+        action.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return Extraction(None, f"the action is not valid UTF-8 text (at character {exc.start})")
+    if match := _BAD_CONTROL_RE.search(action):
+        return Extraction(
+            None,
+            f"the action holds binary data (control byte {ord(match.group()):#04x} at "
+            f"character {match.start()}); send {rules.text} text",
+        )
+    fence = f"```{rules.fence}"
+    if not action.strip():
+        return Extraction(None, f"the action is empty; send one {fence} block with {rules.content}")
+    blocks = fenced_blocks(action)
+    if blocks:
+        tagged = [code for tag, code in blocks if tag in rules.tags]
+        untagged = [code for tag, code in blocks if not tag]
+        chosen = tagged or untagged
+        if not chosen:
+            tags = sorted({tag for tag, _ in blocks})
+            return Extraction(
+                None, f"no {fence} block found (the reply's code blocks are tagged {tags})"
+            )
+        source = chosen[-1]
+    elif rules.hint.search(action):
+        source = action
+    else:
+        return Extraction(None, f"no code found: put {rules.complete} in one {fence} block")
+    if not source.strip():
+        return Extraction(None, f"the last {fence} block is empty")
+    return Extraction(source)
+
+
 def read_action(path: Path) -> str:
     """A file's text as an action. Bytes that are not UTF-8 become lone surrogates, which every
     language's ``extract`` reports as invalid UTF-8 (a format error, not a crash)."""
