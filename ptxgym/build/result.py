@@ -4,6 +4,7 @@ model, the kernels' resources, the library to load and the static inventory of i
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from ptxgym.build.sass import SassInventory
 
@@ -53,3 +54,17 @@ class CompileResult:
     # The action language it was built from (``ptxgym.languages.LANGUAGES``): the judge loads
     # and calls its library as that language's entry kind.
     language: str = "cuda"
+
+    @classmethod
+    def from_record(cls, data: dict[str, Any]) -> CompileResult:
+        """A result from its ``dataclasses.asdict`` form (a cached build's record)."""
+        sass = data["sass"]
+        return cls(
+            **{
+                **data,
+                "kernels": tuple(KernelResources(**kernel) for kernel in data["kernels"]),
+                "warnings": tuple(data["warnings"]),
+                "command": tuple(data["command"]),
+                "sass": SassInventory.from_dict(sass) if sass is not None else None,
+            }
+        )

@@ -25,7 +25,6 @@ cached at all. The cache is bounded in entries and in bytes (``_prune``).
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
@@ -35,12 +34,13 @@ import signal
 import subprocess
 import tempfile
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
 from ptxgym import paths
 from ptxgym.build import budget as build_budget
+from ptxgym.build import cache as build_cache
 from ptxgym.build import sandbox as build_sandbox
 from ptxgym.build.result import (
     DEFAULT_COMPILE_TIMEOUT_S,
@@ -48,7 +48,7 @@ from ptxgym.build.result import (
     CompilerUnavailable,
     KernelResources,
 )
-from ptxgym.build.sass import SassInventory, demangle, inventory
+from ptxgym.build.sass import demangle, inventory
 from ptxgym.languages.cuda.cpp_tokens import Lexer, string_runs
 from ptxgym.languages.cuda.policy import ASSEMBLER_ESCAPE_RE, included_headers
 from ptxgym.sandbox.processes import run_group
@@ -85,7 +85,6 @@ CANDIDATE_FILE = "candidate.cu"
 OBJECT_FILE = "candidate.o"
 LIBRARY_FILE = "candidate.so"
 _BUILD_FILE = "build.cu"
-_RESULT_FILE = "result.json"
 _KEEP_DIR = "intermediates"
 
 
@@ -235,7 +234,7 @@ def compile_source(
     translation_unit, pack_header = build_source(task, source), _pack_header(task)
     key = source_hash(source, task, translation_unit, pack_header)
     final = root / "builds" / key[:2] / key
-    if cached := _load_cached(final):
+    if cached := build_cache.load(final, LIBRARY_FILE):
         return cached
     started = time.perf_counter()
     with build_budget.build_slot(_MEMORY_LIMIT_BYTES, timeout_s) as held:
@@ -254,7 +253,7 @@ def compile_source(
                 command=tuple(nvcc_command(task)[1:]),
             )
         # Another process may have finished the same build while this one waited.
-        if cached := _load_cached(final):
+        if cached := build_cache.load(final, LIBRARY_FILE):
             return cached
         (root / "tmp").mkdir(parents=True, exist_ok=True)
         work = Path(tempfile.mkdtemp(prefix="build-", dir=root / "tmp"))
@@ -265,17 +264,9 @@ def compile_source(
             if result.transient:
                 return result
             _keep_only_what_is_reused(work, result.ok)
-            (work / _RESULT_FILE).write_text(json.dumps(asdict(result)), encoding="utf-8")
-            final.parent.mkdir(parents=True, exist_ok=True)
-            try:
-                os.rename(work, final)
-            except OSError:
-                # Another process finished the same build first: use its result.
-                if cached := _load_cached(final):
-                    return cached
-                raise
+            published = build_cache.publish(work, final, result, LIBRARY_FILE)
             _prune(root / "builds")
-            return _with_library_path(result, final)
+            return published
         finally:
             shutil.rmtree(work, ignore_errors=True)
 
@@ -294,39 +285,10 @@ def _keep_only_what_is_reused(work: Path, ok: bool) -> None:
             entry.unlink(missing_ok=True)
 
 
-def _load_cached(folder: Path) -> CompileResult | None:
-    try:
-        data = json.loads((folder / _RESULT_FILE).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    os.utime(folder)  # recently used: kept longest by _prune
-    data["kernels"] = tuple(KernelResources(**k) for k in data["kernels"])
-    data["warnings"] = tuple(data["warnings"])
-    data["command"] = tuple(data["command"])
-    if data["sass"] is not None:
-        data["sass"] = SassInventory.from_dict(data["sass"])
-    return _with_library_path(CompileResult(**{**data, "cached": True}), folder)
-
-
-def _with_library_path(result: CompileResult, folder: Path) -> CompileResult:
-    return replace(result, library=str(folder / LIBRARY_FILE)) if result.ok else result
-
-
 def _prune(builds: Path) -> None:
     """Keep the cache bounded: drop the least recently used builds beyond
     ``MAX_CACHED_BUILDS`` entries or ``MAX_CACHED_BYTES`` bytes."""
-    entries = []
-    for entry in (entry for prefix in builds.iterdir() for entry in prefix.iterdir()):
-        with contextlib.suppress(OSError):  # another process pruned it meanwhile
-            size = sum(path.stat().st_size for path in entry.iterdir())
-            entries.append((entry.stat().st_mtime, size, entry))
-    entries.sort(key=lambda item: item[0])
-    count, total = len(entries), sum(size for _, size, _ in entries)
-    for _, size, entry in entries:
-        if count <= MAX_CACHED_BUILDS and total <= MAX_CACHED_BYTES:
-            break
-        shutil.rmtree(entry, ignore_errors=True)
-        count, total = count - 1, total - size
+    build_cache.prune(builds, max_builds=MAX_CACHED_BUILDS, max_bytes=MAX_CACHED_BYTES)
 
 
 def _build(

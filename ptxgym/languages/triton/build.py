@@ -16,17 +16,15 @@ cache keeps at most ``MAX_CACHED_BUILDS`` modules, least recently used dropped f
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
-import json
-import os
 import shutil
 import tempfile
 import time
-from dataclasses import asdict, replace
+from dataclasses import replace
 from pathlib import Path
 
 from ptxgym import paths
+from ptxgym.build import cache
 from ptxgym.build.result import CompileResult
 from ptxgym.languages.triton.policy import entry_parameters
 from ptxgym.tasks import Task
@@ -35,7 +33,6 @@ MODULE_FILE = "candidate.py"
 MAX_CACHED_BUILDS = 4000
 # Bump when the build or its record changes, to invalidate cached results.
 _RECIPE_VERSION = "1"
-_RESULT_FILE = "result.json"
 _CACHE_FOLDER = "builds-triton"
 _MAX_QUOTE_CHARS = 200
 
@@ -47,7 +44,7 @@ def build_module(source: str, task: Task, *, cache_root: Path | None = None) -> 
     root = (cache_root or paths.cache_dir()) / _CACHE_FOLDER
     key = _key(source, task)
     final = root / key[:2] / key
-    if cached := _load_cached(final):
+    if cached := cache.load(final, MODULE_FILE):
         return cached
     result = CompileResult(
         ok=True,
@@ -69,19 +66,12 @@ def build_module(source: str, task: Task, *, cache_root: Path | None = None) -> 
     try:
         if result.ok:
             (work / MODULE_FILE).write_text(source, encoding="utf-8")
-        (work / _RESULT_FILE).write_text(json.dumps(asdict(result)), encoding="utf-8")
-        final.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            os.rename(work, final)
-        except OSError:
-            # Another process finished the same build first: use its result.
-            if cached := _load_cached(final):
-                return cached
-            raise
-        _prune(root)
+        published = cache.publish(work, final, result, MODULE_FILE)
+        # Modules are a few kB each: the count bounds the cache.
+        cache.prune(root, max_builds=MAX_CACHED_BUILDS)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    return _with_module_path(result, final)
+    return published
 
 
 def _key(source: str, task: Task) -> str:
@@ -105,30 +95,3 @@ def _syntax_log(error: SyntaxError, source: str) -> str:
         if error.offset is not None and 0 < error.offset <= min(len(text), _MAX_QUOTE_CHARS) + 1:
             block += "\n  " + " " * (error.offset - 1) + "^"
     return block
-
-
-def _load_cached(folder: Path) -> CompileResult | None:
-    try:
-        data = json.loads((folder / _RESULT_FILE).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    os.utime(folder)  # recently used: kept longest by _prune
-    data["kernels"] = tuple(data["kernels"])
-    data["warnings"] = tuple(data["warnings"])
-    data["command"] = tuple(data["command"])
-    return _with_module_path(CompileResult(**{**data, "cached": True}), folder)
-
-
-def _with_module_path(result: CompileResult, folder: Path) -> CompileResult:
-    return replace(result, library=str(folder / MODULE_FILE)) if result.ok else result
-
-
-def _prune(root: Path) -> None:
-    """Keep at most ``MAX_CACHED_BUILDS`` modules (each a few kB), least recently used dropped."""
-    entries = []
-    for entry in (entry for prefix in root.iterdir() for entry in prefix.iterdir()):
-        with contextlib.suppress(OSError):  # another process pruned it meanwhile
-            entries.append((entry.stat().st_mtime, entry))
-    entries.sort(key=lambda item: item[0])
-    for _, entry in entries[: max(0, len(entries) - MAX_CACHED_BUILDS)]:
-        shutil.rmtree(entry, ignore_errors=True)
