@@ -90,9 +90,12 @@ def trajectory(
             }
         )
         # As each step ends, so that a run cut short still shows how far it got and how.
+        # A failure of the expert kernel is the judge's or the load's doing: say what it was.
+        why = f" ({outcome['message'][:400]})" if info["status"] != "PASSED" else ""
+        retried = " (judged again alone)" if "shared_attempt" in outcome["stage_seconds"] else ""
         print(
             f"{label} step {step}: {info['status']} in {records[-1]['step_s']:.1f} s, "
-            f"GPU alone {exclusive_s(records[-1]):.2f} s",
+            f"GPU alone {exclusive_s(records[-1]):.2f} s{retried}{why}",
             file=sys.stderr,
             flush=True,
         )
@@ -336,6 +339,13 @@ def main() -> None:
         help="workers kept started ahead of need (JudgeSettings.spare_workers)",
     )
     parser.add_argument(
+        "--spare-tool-runs",
+        type=int,
+        default=JudgeSettings.spare_tool_runs,
+        help="sanitizer and count runs kept waiting beyond one per evaluation in flight "
+        "(JudgeSettings.spare_tool_runs)",
+    )
+    parser.add_argument(
         "--unlocked-startups",
         action="store_true",
         help="workers and tool runs make their CUDA contexts without the GPU lock "
@@ -381,6 +391,7 @@ def main() -> None:
     settings = JudgeSettings(
         concurrency=args.judge_concurrency,
         spare_workers=args.spare_workers,
+        spare_tool_runs=args.spare_tool_runs,
         lock_startups=not args.unlocked_startups,
         fork_workers=not args.spawn_workers,
         spare_profile_runs=args.spare_profile_runs,
@@ -485,7 +496,10 @@ def report(results: dict[str, Any]) -> None:
         print(
             f"example {results['example']}; first step {first:.1f} s; CUDA start-ups {startups}; "
             f"workers {workers}; profile runs waiting "
-            f"{results['settings']['spare_profile_runs']}; exclusive chain "
+            f"{results['settings']['spare_profile_runs']}; workers waiting "
+            f"{results['settings']['spare_workers']}; tool runs waiting beyond one per "
+            f"evaluation {results['settings']['spare_tool_runs']}; judge concurrency "
+            f"{results['settings']['concurrency']}; exclusive chain "
             f"{results['settings']['exclusive_chain_s']:g} s\n"
         )
     if results.get("levels"):

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # On a bare GPU host (no package registry): install the wheels carried in .whl/, then run the GPU
-# tests and the benchmarks. Usage: scripts/gpu_host.sh [tests|bench|soak|collection|all]
-# [pytest args...] (soak, the 500-step hostile soak of benchmarks/soak.py, is not part of all: it
+# tests and the benchmarks. Usage:
+# scripts/gpu_host.sh [tests|judge-tests|reference-tests|bench|soak|collection|all] [pytest args...]
+# (tests = judge-tests, then reference-tests: split, each fits a host that ends a command after
+# 10 minutes; soak, the 500-step hostile soak of benchmarks/soak.py, is not part of all: it
 # takes minutes; neither is collection, the broad task collection's references, baselines and
 # category examples of tests/gpu/test_task_collection.py, whose torch.compile baselines compile
 # for minutes on a cold cache.)
@@ -40,7 +42,7 @@ gpu_tests() {  # name, then pytest paths
   python3 -m pytest -m gpu -q -p no:cacheprovider -rfE --durations=10 "$@" ${pytest_args[@]+"${pytest_args[@]}"} \
     >"$out/pytest-gpu-$name.log" 2>&1
 }
-if [[ $what == tests || $what == all ]]; then
+if [[ $what == tests || $what == judge-tests || $what == all ]]; then
   pytest_args=()
   # One correct candidate through the judge first: when that fails (a platform change such
   # as a confinement CUDA refuses), nothing after it can pass, so stop and show why.
@@ -59,11 +61,17 @@ if [[ $what == tests || $what == all ]]; then
     tests/gpu/test_concurrent_envs.py &
   concurrency=$!
   for job in $evaluation $hostile $concurrency; do wait "$job" || status=1; done
-  gpu_tests references tests/gpu/test_kernels_ref.py tests/gpu/test_naive_examples.py || status=1
-  for name in evaluation hostile concurrency references; do
+  for name in evaluation hostile concurrency; do
     echo "== $name: $(tail -n 1 "$out/pytest-gpu-$name.log")"
     grep -E "^(FAILED|ERROR)" "$out/pytest-gpu-$name.log" || true
   done
+fi
+if [[ $what == tests || $what == reference-tests || $what == all ]]; then
+  pytest_args=("$@")
+  gpu_tests references tests/gpu/test_kernels_ref.py tests/gpu/test_naive_examples.py \
+    tests/gpu/test_readme_snippet.py tests/gpu/test_triton.py || status=1
+  echo "== references: $(tail -n 1 "$out/pytest-gpu-references.log")"
+  grep -E "^(FAILED|ERROR)" "$out/pytest-gpu-references.log" || true
 fi
 if [[ $what == bench || $what == all ]]; then
   python3 benchmarks/gpu_evaluation.py --out "$out" || status=1

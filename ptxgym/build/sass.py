@@ -142,12 +142,7 @@ def target_addresses(
         if dumped is None:
             raise RuntimeError(f"{described}: {error}")
         listing = dumped
-    patterns = tuple(
-        pattern
-        for family in task.target.instruction_families.values()
-        for group in family.all_of
-        for pattern in group
-    )
+    patterns = target_patterns(task)
     found: dict[str, FunctionListing] = {}
     sizes: dict[str, int] = {}
     targets: dict[str, dict[int, str]] = {}
@@ -317,6 +312,16 @@ def parse_sass(listing: str, arch: str) -> tuple[KernelSass, ...]:
     return tuple(
         KernelSass(names[name], dict(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))))
         for name, counts in functions
+    )
+
+
+def target_patterns(task: Task) -> tuple[str, ...]:
+    """The ``fnmatch`` patterns of every opcode of the task's target families."""
+    return tuple(
+        pattern
+        for family in task.target.instruction_families.values()
+        for group in family.all_of
+        for pattern in group
     )
 
 

@@ -111,12 +111,18 @@ def _check_one(
     diff = (got - expected).abs()
     allowed = atol + rtol * expected.abs()
     bad = ~finite | (diff > allowed)
-    mismatched = int(bad.sum().item())
-    non_finite = int((~finite).sum().item())
     diff_finite = torch.where(finite, diff, torch.zeros_like(diff))
-    max_abs = float(diff_finite.max().item()) if diff.numel() else 0.0
     rel = diff_finite / (expected.abs() + 1e-8)
-    max_rel = float(rel.max().item()) if diff.numel() else 0.0
+    # One read back from the GPU for all four numbers, not one each: the judge checks the
+    # outputs of several evaluations at once, and each read back waits for its stream.
+    if diff.numel():
+        numbers = torch.stack(
+            [bad.sum().double(), (~finite).sum().double(), diff_finite.max(), rel.max()]
+        ).tolist()
+    else:
+        numbers = [0.0, 0.0, 0.0, 0.0]
+    mismatched, non_finite = int(numbers[0]), int(numbers[1])
+    max_abs, max_rel = float(numbers[2]), float(numbers[3])
     worst: tuple[Mismatch, ...] = ()
     if mismatched:
         # Rank by how far past the tolerance an element is; non-finite ones first.

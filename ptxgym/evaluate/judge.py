@@ -580,6 +580,29 @@ class Judge:
     # One evaluation.
 
     def evaluate(self, task: Task, library: str, language: str = DEFAULT_LANGUAGE) -> Verdict:
+        """The verdict on ``library``. A failure that sharing the GPU could have caused (a
+        check's call overrunning its bound while other evaluations' checks and tool calls ran
+        beside it, or an allocation failing while another candidate held the memory) is not
+        the candidate's until it fails again with its checks holding the GPU alone: so a bad
+        candidate fails alone. The retry's verdict stands, with the first attempt's seconds
+        (``shared_attempt``) in its stages. A hang in the checks costs one bound shared and one
+        alone."""
+        verdict, ended_sharing = self._evaluate_once(task, library, language, checks_alone=False)
+        if not _sharing_may_explain(verdict, ended_sharing):
+            return verdict
+        first = verdict.seconds
+        verdict, _ = self._evaluate_once(task, library, language, checks_alone=True)
+        return replace(
+            verdict,
+            seconds=first + verdict.seconds,
+            stage_seconds={**verdict.stage_seconds, "shared_attempt": first},
+        )
+
+    def _evaluate_once(
+        self, task: Task, library: str, language: str, checks_alone: bool
+    ) -> tuple[Verdict, bool]:
+        """One attempt: the verdict, and whether it ended while the worker's checks still held
+        the GPU shared (``checks_alone``: they hold it alone from the start)."""
         started = time.perf_counter()
         stages: dict[str, float] = {}
         states = [self.workload_state(task, w) for w in task.workloads]
@@ -600,7 +623,7 @@ class Judge:
         if prepared.failure is not None:
             status, message = prepared.failure
             seconds = time.perf_counter() - started
-            return Verdict(status, message, seconds=seconds, stage_seconds=stages)
+            return Verdict(status, message, seconds=seconds, stage_seconds=stages), False
         # Tool runs for this evaluation's verdict, started ahead (their start-up overlaps the
         # evaluation, or an earlier one); before the word they only make their CUDA context,
         # holding the GPU shared.
@@ -627,7 +650,9 @@ class Judge:
             stages["worker_start"] = time.perf_counter() - mark
             # Correctness holds the GPU shared (beside other checks, never beside a timing);
             # the timing holds it alone, from the last check's answer to the worker's end.
-            holds = _WorkerHolds(self.device, self.settings.exclusive_chain_s, stages)
+            holds = _WorkerHolds(
+                self.device, self.settings.exclusive_chain_s, stages, alone=checks_alone
+            )
             try:
                 with holds:
                     try:
@@ -670,7 +695,7 @@ class Judge:
                 stages["count_audit"] = time.perf_counter() - mark
         # A crash's own words (a Python traceback, a CUDA error) help the next attempt, also
         # when memcheck then named the access behind it.
-        return replace(
+        verdict = replace(
             verdict,
             worker_log=log if crashed else "",
             sanitizers=sanitizers,
@@ -680,6 +705,7 @@ class Judge:
             isolation=isolation,
             tools_workload=states[0].spec.name if sanitizers or profile is not None else "",
         )
+        return verdict, holds.alone_from is None
 
     def _audit_due(self, profile: InstructionProfile) -> bool:
         """Whether Nsight Compute audits this qualified CUPTI count (``count_audit_rate``)."""
@@ -696,7 +722,7 @@ class Judge:
             metrics=profile_metrics(False),
             lock_startup=self.settings.lock_startups,
         )
-        return audited(profile, run.finish(job, self.settings.profile_timeout_s))
+        return audited(job.task, profile, run.finish(job, self.settings.profile_timeout_s))
 
     def _shared_tools(self) -> list[ToolKind]:
         """The tool runs whose calls hold the GPU shared, each given its word with the worker's
@@ -850,14 +876,24 @@ class _WorkerHolds:
     ``checks_gpu`` (waiting for the shared hold, and holding it), ``gpu_wait`` and
     ``worker_gpu`` (waiting for the GPU alone, and holding it, the worker's end included)."""
 
-    def __init__(self, device: int, chain_s: float, stages: dict[str, float]) -> None:
+    def __init__(
+        self, device: int, chain_s: float, stages: dict[str, float], alone: bool = False
+    ) -> None:
+        """``alone``: the checks too hold the GPU alone (a retry, ``Judge.evaluate``)."""
         self.device = device
         self.chain_s = chain_s
         self.stages = stages
         self.held = contextlib.ExitStack()
         self.alone_from: float | None = None
+        self.checks_alone = alone
 
     def __enter__(self) -> _WorkerHolds:
+        if self.checks_alone:
+            self.stages["gpu_wait"] = self.held.enter_context(
+                exclusive_gpu(self.device, self.chain_s)
+            )
+            self.alone_from = self.shared_from = time.perf_counter()
+            return self
         self.stages["checks_gpu_wait"] = self.held.enter_context(shared_gpu(self.device))
         self.shared_from = time.perf_counter()
         return self
@@ -865,6 +901,9 @@ class _WorkerHolds:
     def alone(self) -> None:
         """Trade the shared hold for the GPU alone (a lock cannot be raised in place: another
         shared holder may take the turn between)."""
+        if self.checks_alone:
+            self.stages["checks_gpu"] = time.perf_counter() - self.shared_from
+            return
         self.held.close()
         self.stages["checks_gpu"] = time.perf_counter() - self.shared_from
         self.stages["gpu_wait"] = self.held.enter_context(exclusive_gpu(self.device, self.chain_s))
@@ -1184,6 +1223,26 @@ class Conversation:
 
     def _verdict(self, status: Status, message: str) -> Verdict:
         return Verdict(status, message, tuple(self.reports), tuple(self.timings))
+
+
+def _sharing_may_explain(verdict: Verdict, ended_sharing: bool) -> bool:
+    """Whether the GPU shared with other evaluations could have caused this failure: a check's
+    call that overran its bound beside other work (``ended_sharing``; a timed call has the GPU
+    alone), or memory that was not there (the candidate's allocation, the judge's check, or
+    memcheck's run failing for want of it, while another candidate may have held it all)."""
+    if verdict.status is Status.TIMEOUT:
+        return ended_sharing
+    if verdict.status is Status.RUNTIME_ERROR:
+        return _OUT_OF_MEMORY in verdict.message.lower()
+    if verdict.status is Status.MEMORY_ERROR:
+        findings = [f for report in verdict.sanitizers for f in report.findings]
+        return bool(findings) and all(_OUT_OF_MEMORY in f.lower() for f in findings)
+    return False
+
+
+# How CUDA, torch, compute-sanitizer and the judge's checks all say it (cudaErrorMemoryAllocation
+# reads "out of memory"; torch's OutOfMemoryError "... ran out of memory").
+_OUT_OF_MEMORY = "out of memory"
 
 
 def _passed(checks: list[CheckReport], timings: list[WorkloadTiming]) -> Verdict:

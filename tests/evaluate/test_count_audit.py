@@ -14,6 +14,9 @@ from ptxgym.evaluate.judge import Judge, JudgeSettings, Verdict
 from ptxgym.evaluate.profile import InstructionProfile
 from ptxgym.evaluate.verdict_json import verdict_from_json, verdict_to_json
 from ptxgym.outcome import Status
+from ptxgym.tasks import get_task
+
+GEMM = get_task("PTX-H100-GEMM")
 
 COUNTED = InstructionProfile(
     True,
@@ -29,8 +32,21 @@ COUNTED = InstructionProfile(
 
 def test_counts_nsight_compute_confirms_are_kept() -> None:
     audit = replace(COUNTED, method="ncu")
-    result = audited(COUNTED, audit)
+    result = audited(GEMM, COUNTED, audit)
     assert result.ok and result.qualified is True and result.audit == AGREED
+
+
+def test_opcodes_outside_the_target_families_are_not_compared() -> None:
+    """Nsight Compute counts every opcode; a count run only the target families' (HGMMA and
+    UTMALDG here): BAR, BRA and the like on one side only are no difference."""
+    audit = replace(
+        COUNTED,
+        method="ncu",
+        thread_counts={**COUNTED.thread_counts, "BAR": 786_432, "BRA": 69_276_146},
+        warp_counts={**COUNTED.warp_counts, "BAR": 24_576, "BRA": 2_164_880},
+    )
+    result = audited(GEMM, COUNTED, audit)
+    assert result.ok and result.audit == AGREED
 
 
 def test_counts_that_differ_make_the_profile_unknown_and_name_the_difference() -> None:
@@ -38,7 +54,7 @@ def test_counts_that_differ_make_the_profile_unknown_and_name_the_difference() -
     audit = replace(
         COUNTED, method="ncu", thread_counts={"UTMALDG": 524_288}, warp_counts={"UTMALDG": 524_288}
     )
-    result = audited(COUNTED, audit)
+    result = audited(GEMM, COUNTED, audit)
     assert result.ok is False and result.qualified is None and result.audit == "disagreed"
     assert "HGMMA threads 268,435,456 against Nsight Compute's 0" in result.reason
     assert "HGMMA warps 8,388,608 against Nsight Compute's 0" in result.reason
@@ -46,13 +62,13 @@ def test_counts_that_differ_make_the_profile_unknown_and_name_the_difference() -
 
 def test_an_audit_that_cannot_be_made_leaves_the_counts_and_says_why() -> None:
     audit = InstructionProfile(False, "LaunchFailed (exit code 9)", method="ncu")
-    result = audited(COUNTED, audit)
+    result = audited(GEMM, COUNTED, audit)
     assert result.ok and result.qualified is True
     assert result.audit == "inconclusive: Nsight Compute failed (LaunchFailed (exit code 9))"
 
 
 def test_the_audit_travels_from_the_judge_to_the_client() -> None:
-    verdict = Verdict(Status.PASSED, "ok", profile=audited(COUNTED, replace(COUNTED)))
+    verdict = Verdict(Status.PASSED, "ok", profile=audited(GEMM, COUNTED, replace(COUNTED)))
     assert verdict_from_json(verdict_to_json(verdict)).profile == verdict.profile
 
 

@@ -33,6 +33,7 @@ from ptxgym.evaluate.judge import (
     _WorkloadState,
     worker_context,
 )
+from ptxgym.evaluate.sanitizer import SanitizerReport
 from ptxgym.evaluate.worker import WORKER_IMPORTS
 from ptxgym.outcome import Status
 from ptxgym.sandbox import channel
@@ -400,3 +401,76 @@ def test_an_out_of_memory_error_passes_on_only_the_size_asked_for() -> None:
     message = error_text(OutOfMemoryError(text))
     assert message == "OutOfMemoryError: the GPU ran out of memory (tried to allocate 2.00 GiB)"
     assert error_text(ValueError("bad\nsecond line")) == "ValueError: bad"
+
+
+_OOM_FINDING = (
+    '========= Program hit cudaErrorMemoryAllocation (error 2) due to "out of memory" on CUDA '
+    "API call to cudaMalloc."
+)
+_WRITE_FINDING = "========= Invalid __global__ write of size 2 bytes at gemm_kernel+0x1b0"
+
+
+@pytest.mark.parametrize(
+    ("first", "ended_sharing", "retried"),
+    [
+        (Verdict(Status.TIMEOUT, "no progress within 5.0 s"), True, True),
+        (Verdict(Status.TIMEOUT, "no progress within 5.0 s"), False, False),
+        (
+            Verdict(Status.RUNTIME_ERROR, "OutOfMemoryError: the GPU ran out of memory"),
+            True,
+            True,
+        ),
+        (Verdict(Status.RUNTIME_ERROR, "an illegal memory access was encountered"), True, False),
+        (
+            Verdict(
+                Status.MEMORY_ERROR,
+                "memcheck found 1 error",
+                sanitizers=(SanitizerReport("memcheck", True, 1, (_OOM_FINDING,)),),
+            ),
+            False,
+            True,
+        ),
+        (
+            Verdict(
+                Status.MEMORY_ERROR,
+                "memcheck found 2 errors",
+                sanitizers=(SanitizerReport("memcheck", True, 2, (_OOM_FINDING, _WRITE_FINDING)),),
+            ),
+            False,
+            False,
+        ),
+        (Verdict(Status.INCORRECT_NUMERICAL, "3 of 64 elements outside tolerance"), True, False),
+    ],
+    ids=[
+        "hang_beside_others",
+        "hang_alone",
+        "out_of_memory",
+        "illegal_address",
+        "memcheck_out_of_memory",
+        "memcheck_real_error",
+        "wrong",
+    ],
+)
+def test_a_failure_that_sharing_may_explain_is_judged_again_alone(
+    first: Verdict, ended_sharing: bool, retried: bool
+) -> None:
+    """Checks share the GPU with other evaluations: a check's call overrunning its bound, or
+    memory missing, could be another candidate's doing, so it is tried once more with the
+    checks holding the GPU alone, whose verdict stands; any other failure is final."""
+    judge = object.__new__(Judge)
+    attempts: list[bool] = []
+    alone = Verdict(Status.PASSED, "correct", seconds=2.0, stage_seconds={"worker_gpu": 1.0})
+
+    def once(task: Task, library: str, language: str, checks_alone: bool) -> tuple[Verdict, bool]:
+        attempts.append(checks_alone)
+        return (alone, False) if checks_alone else (replace(first, seconds=3.0), ended_sharing)
+
+    judge._evaluate_once = once  # type: ignore[method-assign]
+    verdict = judge.evaluate(GEMM, "candidate.so")
+    if retried:
+        assert attempts == [False, True]
+        assert verdict.status is Status.PASSED and verdict.seconds == 5.0
+        assert verdict.stage_seconds == {"worker_gpu": 1.0, "shared_attempt": 3.0}
+    else:
+        assert attempts == [False]
+        assert verdict.status is first.status

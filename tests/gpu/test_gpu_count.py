@@ -9,7 +9,6 @@ with ncu).
 from __future__ import annotations
 
 import functools
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -111,17 +110,23 @@ def test_plain_cuda_executes_neither_family() -> None:
     assert result.families == {"compute": False, "data_movement": False}
 
 
-@pytest.mark.parametrize(
-    ("task", "source"),
-    [
-        (GEMM, SELF_TEST_KERNELS / "wgmma_tma.cu"),
-        (GEMM, EXAMPLES / "expert" / "gemm.cu"),
-        (MHA, EXAMPLES / "expert" / "mha_fwd_d128.cu"),
-    ],
-    ids=["wgmma_tma", "expert_gemm", "expert_mha_fwd"],
-)
-def test_cupti_counts_equal_nsight_computes(task: Task, source: Path) -> None:
-    text = source.read_text()
+# Every example kernel with a target instruction, and the kernels built to cheat or to break the
+# instruction proof: a token wgmma beside FFMA work, a wgmma on a branch never taken, and a
+# clustered launch with 224 KB of shared memory per block (Nsight Compute failed on such a kernel).
+EQUAL_COUNT_KERNELS = {
+    "wgmma_tma": (GEMM, lambda: (SELF_TEST_KERNELS / "wgmma_tma.cu").read_text()),
+    "wgmma_never_taken": (GEMM, lambda: (SELF_TEST_KERNELS / "wgmma_never_taken.cu").read_text()),
+    "expert_gemm": (GEMM, lambda: (EXAMPLES / "expert" / "gemm.cu").read_text()),
+    "expert_mha_fwd": (MHA, lambda: (EXAMPLES / "expert" / "mha_fwd_d128.cu").read_text()),
+    "token_wgmma_gemm": (GEMM, lambda: _token_wgmma_gemm()),
+    "clustered_224kb_gemm": (GEMM, lambda: _clustered_big_smem_gemm()),
+}
+
+
+@pytest.mark.parametrize("name", sorted(EQUAL_COUNT_KERNELS))
+def test_cupti_counts_equal_nsight_computes(name: str) -> None:
+    task, make_source = EQUAL_COUNT_KERNELS[name]
+    text = make_source()
     counted = _count(task, text)
     workload, inputs = _inputs(task.id)
     profiled = profile_candidate(task, _library(task, text), workload, inputs, device=0)
@@ -130,6 +135,11 @@ def test_cupti_counts_equal_nsight_computes(task: Task, source: Path) -> None:
         assert counted.thread_counts.get(opcode, 0) == profiled.thread_counts.get(opcode, 0)
         assert counted.warp_counts.get(opcode, 0) == profiled.warp_counts.get(opcode, 0)
     assert counted.families == profiled.families
+    assert counted.qualified == profiled.qualified
+    print(
+        f"{name}: HGMMA {counted.warp_counts.get('HGMMA', 0)} warps, UTMALDG "
+        f"{counted.warp_counts.get('UTMALDG', 0)}, qualified {counted.qualified} (both methods)"
+    )
 
 
 def test_the_env_qualifies_the_expert_gemm_with_cupti_counts() -> None:

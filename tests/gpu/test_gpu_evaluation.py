@@ -120,16 +120,15 @@ SPIN_FROM_CALL = (
 
 
 @pytest.mark.parametrize(
-    ("first_hanging_call", "hold"),
-    [(0, "checks_gpu"), (6, "worker_gpu")],  # the first check's call; the timed loop's second
+    "first_hanging_call",
+    [0, 6],  # the first check's call; the timed loop's second
     ids=["in_the_checks", "in_the_timed_loop"],
 )
-def test_a_hang_costs_seconds_of_gpu_not_the_stage_deadline(
-    first_hanging_call: int, hold: str
-) -> None:
+def test_a_hang_costs_seconds_of_gpu_not_the_stage_deadline(first_hanging_call: int) -> None:
     """With the default 300-s stage deadline, a kernel that stops making progress is stopped
-    after one call's bound (max(5 s, 1000 x the library's 1.4 ms)): its hold of the GPU, shared
-    while it is checked and alone while it is timed, lasts seconds."""
+    after one call's bound (max(5 s, 1000 x the library's 1.4 ms)): it holds the GPU alone for
+    seconds. A hang in the checks, which share the GPU, is stopped once beside the others and
+    once more with the GPU alone (other work beside a check might have slowed it)."""
     if reason := incompatibility(GEMM):
         pytest.skip(reason)
     env = PTXKernelEnv(
@@ -141,11 +140,11 @@ def test_a_hang_costs_seconds_of_gpu_not_the_stage_deadline(
         info = env.step(variant(ENTRY_OPEN, ENTRY_OPEN + launch, SPIN_FROM_CALL))[4]
         assert info["status"] == "TIMEOUT", info["feedback"]
         stages = info["outcome"]["stage_seconds"]
-        print(f"hang from call {first_hanging_call}: {hold} {stages[hold]:.2f} s, step "
+        print(f"hang from call {first_hanging_call}: GPU alone {stages['worker_gpu']:.2f} s, "
+              f"first attempt {stages.get('shared_attempt', 0.0):.2f} s, step "
               f"{info['outcome']['seconds']:.2f} s")  # fmt: skip
-        assert stages[hold] <= 10.0
-        if hold == "checks_gpu":
-            assert "worker_gpu" not in stages  # never held the GPU alone
+        assert stages["worker_gpu"] <= 10.0
+        assert ("shared_attempt" in stages) == (first_hanging_call == 0)
         assert env.step(NAIVE_GEMM)[4]["status"] == "PASSED"
     finally:
         env.close()

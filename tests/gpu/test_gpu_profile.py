@@ -106,9 +106,13 @@ def test_a_correct_plain_kernel_passes_without_qualifying(env: PTXKernelEnv) -> 
 def test_a_profile_that_fails_is_unknown_and_the_step_completes(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    # A judge of its own (other settings), started with the profiler made unavailable.
+    # A judge of its own (other settings), asked to count with Nsight Compute and started with
+    # it made unavailable. (Counted by CUPTI, the default, this kernel's profile is decided from
+    # its SASS, which holds no target instruction: no tool runs.)
     monkeypatch.setenv("PTXGYM_NCU", "/nonexistent/ncu")
-    settings = JudgeSettings(stage_timeout_s=61.0, warmup=2, iters=5, trials=3)
+    settings = JudgeSettings(
+        stage_timeout_s=61.0, warmup=2, iters=5, trials=3, profile_method="ncu"
+    )
     environment = PTXKernelEnv("PTX-H100-GEMM", evaluator=LocalGPUEvaluator(settings=settings))
     environment.reset()
     info = environment.step(NAIVE_GEMM)[4]
