@@ -39,7 +39,7 @@ from typing import Any
 from ptxgym.env import PTXKernelEnv
 from ptxgym.evaluate.judge import JudgeSettings
 from ptxgym.evaluate.local_gpu import LocalGPUEvaluator
-from ptxgym.evaluate.single_call import CALL_SECONDS_KEYS
+from ptxgym.evaluate.single_call import CALL_SECONDS_KEYS, JUDGE_SIDE_KEYS
 from ptxgym.evaluate.timing import TIMING_PHASES, TRIALS
 from ptxgym.tasks import get_task
 
@@ -106,7 +106,9 @@ def trajectory(
 # Where each tool run's seconds went (ptxgym.evaluate.single_call.call_seconds), and the timing's
 # (ptxgym.evaluate.timing.TimingResult.phase_seconds).
 TOOL_CALL_STAGES = tuple(
-    f"{tool}_{part}" for tool in ("memcheck", "profile") for part in CALL_SECONDS_KEYS
+    f"{tool}_{part}"
+    for tool in ("memcheck", "profile")
+    for part in CALL_SECONDS_KEYS + JUDGE_SIDE_KEYS
 ) + tuple(f"timing_{phase}" for phase in TIMING_PHASES)
 
 

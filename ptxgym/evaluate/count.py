@@ -55,7 +55,6 @@ from ptxgym.evaluate.single_call import (
     LOADED_FILE,
     CallJob,
     PendingCall,
-    call_seconds,
 )
 from ptxgym.languages import get_language
 from ptxgym.languages.base import ENTRY_TRITON
@@ -229,7 +228,7 @@ class PendingCount:
         except (ValueError, CountsRefused) as exc:  # json's errors are ValueErrors too
             return unknown(f"the counts were refused: {exc}")
         timed = replace(
-            profile, seconds=time.perf_counter() - started, call_seconds=call_seconds(output)
+            profile, seconds=time.perf_counter() - started, call_seconds=self.call.seconds(output)
         )
         return with_coverage(timed, job.task, job.workload)
 

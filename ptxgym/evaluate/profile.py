@@ -46,7 +46,7 @@ from ptxgym.build.sass import (
     mnemonic,
     target_addresses,
 )
-from ptxgym.evaluate.single_call import CallJob, PendingCall, call_seconds
+from ptxgym.evaluate.single_call import CallJob, PendingCall
 from ptxgym.sandbox.isolation import python_environment, restrict_files, seal
 from ptxgym.sandbox.processes import ProcessGroup, wait_for_word
 from ptxgym.tasks import Task
@@ -293,7 +293,7 @@ class PendingProfile:
             if code != 0 or not self.report.is_file():
                 tail = output[-_TAIL_CHARS:]
                 return unknown(f"the profiled run failed (exit code {code}): {tail}")
-            profiled_call = call_seconds(output)
+            profiled_call = self.call.seconds(output)
             remaining = max(30.0, timeout_s - (time.perf_counter() - started))
             reading = time.perf_counter()
             self._read_word.touch()

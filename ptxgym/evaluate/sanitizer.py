@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from ptxgym import paths
-from ptxgym.evaluate.single_call import CallJob, PendingCall, call_seconds
+from ptxgym.evaluate.single_call import CallJob, PendingCall
 from ptxgym.tasks import Task
 
 if TYPE_CHECKING:
@@ -126,7 +126,7 @@ class PendingSanitizer:
             errors,
             findings,
             seconds=time.perf_counter() - started,
-            call_seconds=call_seconds(output),
+            call_seconds=self.call.seconds(output),
         )
 
     def cancel(self) -> None:

@@ -78,6 +78,8 @@ EXIT_NOT_WANTED = 4  # told to stop, or the judge went away, before the call
 # The line on which the program says where its seconds went (``call_seconds``).
 SECONDS_MARK = "ptxgym-single-call-seconds "
 # Its parts, in order (``call_seconds``).
+# The judge's own account of a run's seconds (``PendingCall.seconds``), beside the run's.
+JUDGE_SIDE_KEYS = ("handover", "until_end")
 CALL_SECONDS_KEYS = (
     "driver",
     "context",
@@ -189,6 +191,7 @@ class PendingCall:
         spec_path.write_text(json.dumps(spec))
         self.program = [sys.executable, "-m", "ptxgym.evaluate.single_call", str(spec_path)]
         self.group: ProcessGroup | None = None
+        self.judge_seconds: dict[str, float] = {}
 
     def start(self, command: list[str], environment: Mapping[str, str] | None = None) -> None:
         """Start ``command`` (the tool, ending with ``self.program``) in a scrubbed environment
@@ -207,8 +210,21 @@ class PendingCall:
         """Hand over the job, give the word, and wait for the end: exit code (None past the
         deadline) and output."""
         assert self.group is not None, "start() first"
+        started = time.perf_counter()
         self.hand_over(job)
-        return self.group.wait(timeout_s)
+        handed = time.perf_counter()
+        ended = self.group.wait(timeout_s)
+        self.judge_seconds = {
+            "handover": handed - started,
+            "until_end": time.perf_counter() - handed,
+        }
+        return ended
+
+    def seconds(self, output: str) -> dict[str, float]:
+        """Where the run's seconds went: its own account (``call_seconds``) and the judge's,
+        ``handover`` (writing the job and its input files) and ``until_end`` (from the word to
+        the program's end, its tool's report and exit included)."""
+        return {**call_seconds(output), **self.judge_seconds}
 
     def hand_over(self, job: CallJob) -> None:
         """Write the job and its input files into the folder, then give the word."""

@@ -10,6 +10,8 @@
 //   kernel runs honestly: PASSED at the honest speed) or the judge's memory is reserved in advance.
 //   Since issue 8 the judge reports its own out-of-memory while checking as RUNTIME_ERROR, and
 //   kills the worker before it lets the next evaluation use the GPU.
+//   Since issue 25 checks share the GPU: an honest evaluation beside it whose allocation fails is
+//   judged again with its checks holding the GPU alone (the judge's retry), so it fails alone.
 
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>
