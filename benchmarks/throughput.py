@@ -45,6 +45,8 @@ from ptxgym.tasks import get_task
 
 STAGES = (
     "compile",
+    "queued",
+    "judged",
     "state",
     "worker_start",
     "checks_gpu_wait",
@@ -57,6 +59,10 @@ STAGES = (
     "profile",
     "profile_read",
 )
+
+
+# The parts of a step that are not the env's own work: the build, the judge's queue, the judge.
+OUTSIDE_THE_ENV = ("compile", "queued", "judged")
 
 
 def trajectory(
@@ -87,6 +93,12 @@ def trajectory(
                 "profile_reason": (outcome["profile"] or {}).get("reason", ""),
                 "profile_method": (outcome["profile"] or {}).get("method", ""),
                 "stages": outcome["stage_seconds"],
+                # The step's seconds outside the build and the judge (its queue included):
+                # the env's own work (reward, feedback, records).
+                "outside_judge_s": time.perf_counter()
+                - started
+                - sum(outcome["stage_seconds"].get(s, 0.0) for s in OUTSIDE_THE_ENV),
+                "in_judge_s": outcome["stage_seconds"].get("judged", 0.0),
             }
         )
         # As each step ends, so that a run cut short still shows how far it got and how.
@@ -130,6 +142,10 @@ def p50_latency(records: list[dict[str, Any]]) -> dict[str, Any]:
     """The median step and the median of each stage over ``records``."""
     return {
         "p50_step_s": statistics.median(r["step_s"] for r in records),
+        # Means, not medians: evaluations per hour = judge concurrency / mean seconds in the
+        # judge, when its queue is never empty.
+        "mean_in_judge_s": statistics.fmean(r["in_judge_s"] for r in records),
+        "mean_outside_judge_s": statistics.fmean(r["outside_judge_s"] for r in records),
         "p50_stage_s": {
             stage: statistics.median(r["stages"].get(stage, 0.0) for r in records)
             for stage in STAGES + TOOL_CALL_STAGES
@@ -157,6 +173,8 @@ _KINDS_BY_ARGUMENTS = (
     (("ptxgym.evaluate.single_call", "/ptxgym-memcheck-"), "memcheck run (Python)"),
     (("ptxgym.evaluate.single_call", "/ptxgym-racecheck-"), "racecheck run (Python)"),
     (("ptxgym.evaluate.single_call", "/ptxgym-profile-"), "profile run (Python)"),
+    (("ptxgym.evaluate.single_call", "/ptxgym-count-"), "count run (Python)"),
+    (("ptxgym.evaluate.judge_server",), "judge (its server process)"),
     (("ptxgym.evaluate.profile", " read "), "profile report reader"),
     (("multiprocessing.forkserver",), "worker (or its forkserver)"),
     (("multiprocessing.spawn",), "worker (or its forkserver)"),
@@ -166,7 +184,7 @@ _KINDS_BY_ARGUMENTS = (
 def process_kind(pid: int, command: str) -> str:
     """What process ``pid`` (command name ``command``) is, for ``CpuByProcessKind``."""
     if pid == os.getpid():
-        return "judge (the benchmark's process)"
+        return "the benchmark's process (envs, builds' clients)"
     if command in _KINDS_BY_COMMAND:
         return _KINDS_BY_COMMAND[command]
     if command in _TOOLCHAIN or command.startswith(("ld", "collect2", "as")):
@@ -568,6 +586,15 @@ def report_levels(levels: list[dict[str, Any]]) -> None:
             f"({level['ceiling_per_hour'] / base['per_hour']:.2f}x)"
             for level in levels
             if level["ceiling_per_hour"] is not None
+        )
+    )
+    print(
+        "\nMean seconds per evaluation in the judge, and in the env outside the build and the "
+        "judge: "
+        + ", ".join(
+            f"{level['mean_in_judge_s']:.2f} and {level['mean_outside_judge_s']:.2f} at "
+            f"{level['trajectories']}"
+            for level in levels
         )
     )
     for level in levels:

@@ -326,7 +326,7 @@ def serve_connection(conn: Connection, judge: Judge, pool: ThreadPoolExecutor) -
         except (OSError, ValueError):
             pass  # the asker has gone; nobody is left to tell
 
-    def serve(request: Request) -> None:
+    def serve(request: Request, received: float) -> None:
         if request.deadline is not None and time.time() > request.deadline:
             answer(
                 request.request_id, "expired", "the request waited past its deadline in the queue"
@@ -334,7 +334,12 @@ def serve_connection(conn: Connection, judge: Judge, pool: ThreadPoolExecutor) -
             return
         try:
             if request.library is not None:
+                # How long it waited for one of the pool's threads: at full concurrency, the
+                # judge's own queue.
+                queued = time.perf_counter() - received
                 verdict = judge.evaluate(request.task, request.library, request.language)
+                stages = {**verdict.stage_seconds, "queued": queued, "judged": verdict.seconds}
+                verdict = dataclasses.replace(verdict, stage_seconds=stages)
                 answer(request.request_id, "verdict", verdict)
             else:
                 answer(request.request_id, "baseline", judge.baseline_ms(request.task))
@@ -354,7 +359,7 @@ def serve_connection(conn: Connection, judge: Judge, pool: ThreadPoolExecutor) -
             if exc.request_id is None:
                 break  # not a request at all: the client is broken or hostile
             continue
-        pool.submit(serve, request)
+        pool.submit(serve, request, time.perf_counter())
 
 
 @dataclasses.dataclass(frozen=True)

@@ -79,7 +79,11 @@ def test_processes_share_one_judge(server: judge_server.ServerFiles, tmp_path: P
     first = _JudgeHandle.shared(0, SETTINGS)
     second = _JudgeHandle.shared(0, SETTINGS)
     assert first.info == {"name": "counting stand-in"}
-    assert first.evaluate(GEMM, "a").result().message == f"{GEMM.id}:a"
+    verdict = first.evaluate(GEMM, "a").result()
+    assert verdict.message == f"{GEMM.id}:a"
+    # Its seconds waiting for one of the judge's threads, and in the judge.
+    assert set(verdict.stage_seconds) == {"queued", "judged"}
+    assert verdict.stage_seconds["queued"] >= 0.0
     assert second.evaluate(GEMM, "b").result().message == f"{GEMM.id}:b"
     context = multiprocessing.get_context("spawn")
     results = context.Queue()
