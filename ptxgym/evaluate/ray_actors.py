@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import socket
 import tempfile
 import threading
@@ -32,6 +33,7 @@ from typing import Any, Literal
 
 from ptxgym import paths
 from ptxgym.build.result import DEFAULT_COMPILE_TIMEOUT_S, CompileResult
+from ptxgym.build.sass import LISTING_FILE
 from ptxgym.evaluate.build_step import build_candidate
 from ptxgym.evaluate.judge import JudgeSettings
 from ptxgym.evaluate.local_gpu import LocalGPUEvaluator, gpu_of
@@ -148,6 +150,10 @@ class Built:
     stopped: Outcome | None
     build: CompileResult | None
     seconds: float
+    # The build's SASS listing (``ptxgym.build.sass.LISTING_FILE``), which the judge's count
+    # joins its per-address counts with: sent, not made again on the judge's node (about a
+    # CPU-second of cuobjdump per evaluation). Empty when the build kept none.
+    listing: str = ""
 
 
 def _host() -> str:
@@ -171,7 +177,10 @@ class Builder:
         seconds = time.perf_counter() - started
         if stopped is not None or build is None or build.library is None:
             return Built(stopped, build, seconds), b""
-        return Built(None, build, seconds), Path(build.library).read_bytes()
+        library = Path(build.library)
+        kept = library.with_name(LISTING_FILE)
+        listing = kept.read_text(encoding="utf-8") if kept.is_file() else ""
+        return Built(None, build, seconds, listing), library.read_bytes()
 
 
 class Judge:
@@ -207,20 +216,29 @@ class Judge:
         return self._placement
 
     def judge(
-        self, task: Task, build: CompileResult, library: bytes, compile_seconds: float
+        self,
+        task: Task,
+        build: CompileResult,
+        library: bytes,
+        compile_seconds: float,
+        listing: str = "",
     ) -> Outcome:
-        """The outcome of ``build`` (a successful one, whose library's bytes are ``library``).
-        Candidate failures are outcomes; an exception is the evaluator's own failure."""
+        """The outcome of ``build`` (a successful one, whose library's bytes are ``library``
+        and SASS listing ``listing``). Candidate failures are outcomes; an exception is the
+        evaluator's own failure."""
         started = time.perf_counter()
         served = self._placement.arch
         if task_generation(task) != served:
             raise PoolError(f"{task.id} was sent to a judge of {served}")
         if not library:
             raise PoolError(f"{task.id}: the build's library did not arrive")
-        descriptor, name = tempfile.mkstemp(suffix=".so", dir=self._scratch)
+        # A folder per request: the listing is found beside its library by name.
+        folder = Path(tempfile.mkdtemp(dir=self._scratch))
+        name = str(folder / "candidate.so")
         try:
-            with os.fdopen(descriptor, "wb") as handle:
-                handle.write(library)
+            Path(name).write_bytes(library)
+            if listing:
+                (folder / LISTING_FILE).write_text(listing, encoding="utf-8")
             here = replace(build, library=name)
             if self._evaluator is None:
                 return Outcome(
@@ -235,7 +253,7 @@ class Judge:
             # The record names the build where it was made and is kept, not this scratch copy.
             return replace(outcome, compile=build)
         finally:
-            Path(name).unlink(missing_ok=True)
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 class Pool:

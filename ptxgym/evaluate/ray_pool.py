@@ -466,7 +466,9 @@ class RayEvaluator:
         outcome, _, judge_wait = await self._on_member(
             self._judges,
             task_generation(task),
-            lambda member: [member.handle.judge.remote(task, built.build, library, built.seconds)],
+            lambda member: [
+                member.handle.judge.remote(task, built.build, library, built.seconds, built.listing)
+            ],
         )
         assert isinstance(outcome, Outcome)
         return _with_wait(outcome, build_wait + judge_wait)
