@@ -51,6 +51,7 @@ STAGES = (
     "worker_start",
     "checks_gpu_wait",
     "correctness",
+    "correctness_compare",
     "checks_gpu",
     "gpu_wait",
     "timing",

@@ -204,9 +204,11 @@ class Verdict:
     sanitizers: tuple[SanitizerReport, ...] = ()
     profile: InstructionProfile | None = None
     seconds: float = 0.0
-    # Wall seconds per stage: state, worker_start, checks_gpu_wait, correctness, checks_gpu,
-    # gpu_wait, timing, worker_gpu, count_audit, memcheck, racecheck, profile and profile_read,
-    # its report reading (only the stages that ran).
+    # Wall seconds per stage: state, worker_start, checks_gpu_wait, correctness (of which
+    # correctness_compare, the judge's comparisons), checks_gpu, gpu_wait, timing, worker_gpu,
+    # count_audit, memcheck, racecheck, profile and profile_read, its report reading (only the
+    # stages that ran); shared_attempt when the verdict is a second attempt's; queued and judged
+    # (the judge's queue and the whole evaluation) when a judge server answered.
     stage_seconds: dict[str, float] = field(default_factory=dict)
     # Which confinement steps took effect in the worker that ran the candidate.
     isolation: dict[str, bool] = field(default_factory=dict)
@@ -816,6 +818,7 @@ class Judge:
         # The outputs come back through shared memory sized for the largest output set.
         arena = channel.Arena.create(max(_output_bytes(task, s.spec) for s in states))
         job["arena_bytes"] = arena.size
+        checks = _ReferenceChecks(self, task, states, plans)
         try:
             channel.send(worker.conn, job)
             arena.share(worker.conn, worker.process.pid)
@@ -824,7 +827,7 @@ class Judge:
                 states,
                 plans,
                 self.settings,
-                _ReferenceChecks(self, task, states, plans),
+                checks,
                 worker.conn,
                 arena,
                 stages,
@@ -836,6 +839,7 @@ class Judge:
             return Verdict(Status.RUNTIME_ERROR, f"the process running the kernel is gone ({exc})")
         finally:
             arena.close()
+            stages["correctness_compare"] = checks.compare_seconds
 
     def _timing_plan(self) -> _TimingPlan:
         """Fresh inputs for every call of a timed loop, from a seed of this evaluation, and
@@ -977,11 +981,18 @@ class _ReferenceChecks:
         self.task = task
         self.states = {state.spec.name: state for state in states}
         self.plans = plans
+        # The judge's own seconds in the correctness stage's comparisons (outputs copied to the
+        # GPU and compared): beside the worker's calls, what the stage's length is made of.
+        self.compare_seconds = 0.0
 
     def stage(self, workload: str, stage: str, outputs: dict[str, Any]) -> CheckReport:
         state = self.states[workload]
         references = next(s.references for s in state.stages if s.name == stage)
-        return self._compare(state, stage, outputs, lambda: references)
+        started = time.perf_counter()
+        try:
+            return self._compare(state, stage, outputs, lambda: references)
+        finally:
+            self.compare_seconds += time.perf_counter() - started
 
     def timed_call(self, workload: str, call: int, outputs: dict[str, Any]) -> CheckReport:
         state = self.states[workload]
