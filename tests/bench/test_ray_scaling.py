@@ -1,0 +1,141 @@
+"""benchmarks/ray_scaling.py's dry run on CPU: a real local Ray cluster, compile-only judges
+(one per "GPU" of a pool), real nvcc builds. Every level measured and compiled, a judge killed
+with every request answered exactly once, the ratios computed; and the scaling verdict's rules.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+pytest.importorskip("ray", reason="needs Ray: pip install 'ptxgym[ray]'")
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "benchmarks" / "ray_scaling.py"
+
+
+def load_benchmark() -> ModuleType:
+    """The benchmark script as a module (benchmarks/ is not a package)."""
+    spec = importlib.util.spec_from_file_location("ray_scaling", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.nvcc
+def test_the_dry_run_measures_every_level_and_survives_a_killed_judge(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    arguments = ["--out", str(out), "--judge", "compile-only", "--gpus", "1", "2"]
+    arguments += ["--trajectories", "2", "4", "--steps", "1"]
+    # A process of its own: the script starts and shuts down its own Ray cluster. Two builds at
+    # once (the build memory budget of a small machine allows one; these builds need far less).
+    result = subprocess.run(
+        [sys.executable, str(SCRIPT), *arguments],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
+        env={**os.environ, "PTXGYM_BUILD_MEMORY_GIB": "16"},
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    results = json.loads((out / "ray_scaling.json").read_text(encoding="utf-8"))
+
+    assert [pool["error"] for pool in results["pools"]] == [None, None]
+    for pool in results["pools"]:
+        judges = [member for member in pool["members"] if member.startswith("judge")]
+        assert len(judges) == pool["gpus"] and all("serving sm_90" in j for j in judges)
+        assert pool["warm_up"]["judges_reached"] == pool["gpus"]
+    levels = results["levels"]
+    assert [(level["gpus"], level["trajectories"]) for level in levels] == [
+        (1, 2),
+        (1, 4),
+        (2, 2),
+        (2, 4),
+    ]
+    for level in levels:
+        evaluations = level["trajectories"] * level["steps"]
+        assert level["error"] is None and level["evaluations"] == evaluations
+        assert level["statuses"] == {"COMPILED": evaluations}
+        assert level["per_hour"] > 0 and level["p50_step_s"] > 0
+        assert level["median_speedup"] is None  # compile-only: nothing ran
+        # Each of the pool's judges counted; no retry outside the kill level.
+        assert len(level["judge_requests"]) == level["gpus"]
+        assert sum(level["judge_requests"]) == evaluations
+        assert level["pool"]["submitted"] == level["pool"]["answered"] == evaluations
+
+    kill = results["kill"]
+    assert (kill["gpus"], kill["trajectories"], kill["steps"]) == (2, 4, 1)
+    check = kill["kill"]
+    assert check["passed"], check
+    assert check["killed"]["member"].startswith("judge")
+    assert kill["pool"]["submitted"] == kill["pool"]["answered"] == 4
+    assert kill["pool"]["failed"] == kill["pool"]["cancelled"] == 0
+    assert kill["pool"]["duplicate_answers"] == 0
+    assert kill["pool"]["actor_deaths"] >= 1
+    assert kill["statuses"] == {"COMPILED": 4}
+
+    ratios = results["ratios"]
+    assert [ratio["trajectories"] for ratio in ratios] == [2, 4]
+    for ratio in ratios:
+        assert ratio["ratio"] == pytest.approx(ratio["largest_per_hour"] / ratio["base_per_hour"])
+        assert ratio["after_first_answer_ratio"] is None or ratio["after_first_answer_ratio"] > 0
+        assert ratio["required"] == pytest.approx(1.8)
+        assert ratio["verdict"] == "dry run"
+    assert "speedups" not in results  # on by default only with GPU judges
+
+    markdown = (out / "ray_scaling.md").read_text(encoding="utf-8")
+    assert markdown in result.stdout
+    assert "evaluations per hour measure the builds" in markdown
+    assert "Kill check" in markdown and "**PASS**" in markdown
+
+
+def test_the_scaling_verdict_needs_ninety_percent_of_linear_and_both_levels() -> None:
+    benchmark = load_benchmark()
+
+    def level(gpus: int, trajectories: int, per_hour: float, error: str | None = None) -> Any:
+        return {
+            "gpus": gpus,
+            "trajectories": trajectories,
+            "per_hour": per_hour,
+            # Without the first round of builds, every rate is higher.
+            "after_first_answer_per_hour": per_hour * gpus * 1.1,
+            "error": error,
+        }
+
+    levels = [
+        level(1, 16, 1000.0),
+        level(2, 16, 1850.0),
+        level(1, 32, 1000.0),
+        level(2, 32, 1700.0),
+        level(1, 48, 1000.0),
+        level(2, 48, 2000.0, error="EvaluatorError: two actors died under this request"),
+    ]
+    ratios = benchmark.scaling_ratios(levels, [1, 2], [16, 32, 48, 64], "gpu")
+    assert [(r["trajectories"], r["verdict"]) for r in ratios] == [
+        (16, "PASS"),
+        (32, "FAIL"),
+        (48, "no result"),  # a level cut short is no measurement
+        (64, "no result"),  # never run
+    ]
+    assert ratios[0]["ratio"] == pytest.approx(1.85)
+    assert ratios[0]["after_first_answer_ratio"] == pytest.approx(3.7)
+    assert ratios[1]["required"] == pytest.approx(1.8)
+    assert benchmark.scaling_ratios(levels, [1, 2], [16], "compile-only")[0]["verdict"] == (
+        "dry run"
+    )
+    # Four GPUs against two: 90 % of twice.
+    (four,) = benchmark.scaling_ratios(
+        [level(2, 16, 1000.0), level(4, 16, 1700.0)], [2, 4], [16], "gpu"
+    )
+    assert four["required"] == pytest.approx(1.8) and four["verdict"] == "FAIL"
+    assert benchmark.scaling_ratios(levels, [2], [16], "gpu") == []
