@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # On a bare GPU host (no package registry): install the wheels carried in .whl/, then run the GPU
 # tests and the benchmarks. Usage:
-# scripts/gpu_host.sh [tests|judge-tests|reference-tests|bench|soak|collection|all] [pytest args...]
+# scripts/gpu_host.sh [tests|judge-tests|reference-tests|bench|soak|collection|ray|all] [args...]
 # (tests = judge-tests, then reference-tests: split, each fits a host that ends a command after
-# 10 minutes; soak, the 500-step hostile soak of benchmarks/soak.py, is not part of all: it
+# 10 minutes; ray, with .whl-ray/ carried: the Ray pool's GPU test, then benchmarks/ray_scaling.py
+# given the args, e.g. `ray --trajectories 16 --no-kill --no-speedup-examples`; soak, the 500-step hostile soak of benchmarks/soak.py, is not part of all: it
 # takes minutes; neither is collection, the broad task collection's references, baselines and
 # category examples of tests/gpu/test_task_collection.py, whose torch.compile baselines compile
 # for minutes on a cold cache.)
@@ -86,6 +87,12 @@ if [[ $what == collection ]]; then
   gpu_tests collection tests/gpu/test_task_collection.py || status=1
   echo "== collection: $(tail -n 1 "$out/pytest-gpu-collection.log")"
   grep -E "^(FAILED|ERROR)" "$out/pytest-gpu-collection.log" || true
+fi
+if [[ $what == ray ]]; then
+  pytest_args=()  # the args are the benchmark's
+  gpu_tests ray tests/evaluate/test_ray_pool.py || status=1
+  echo "== ray: $(tail -n 1 "$out/pytest-gpu-ray.log")"
+  python3 benchmarks/ray_scaling.py --out "$out/ray_scaling" "$@" || status=1
 fi
 if [[ $what == soak ]]; then
   # SOAK_MAX_SECONDS: stop and report before a time-limited host ends the run.
