@@ -251,7 +251,8 @@ class TrajectoryRecorder(gym.Wrapper[str, str, str, str]):
         assert self.trajectory is not None
         outcome = dict(info["outcome"])
         task = self._ptx.task
-        quality = measure_quality(info["source"], self._ptx.language.name)
+        language = self._ptx.language.name
+        quality = measure_quality(info["source"], language)
         record = TurnRecord(
             run=self.run,
             task_id=info["task_id"],
@@ -280,6 +281,7 @@ class TrajectoryRecorder(gym.Wrapper[str, str, str, str]):
             category=task.category,
             instructions_required=task.instructions_required,
             quality={} if quality is None else quality.to_dict(),
+            language=language,
         )
         if self._previous is None or self._previous.trajectory != record.trajectory:
             return record
@@ -290,7 +292,8 @@ class TrajectoryRecorder(gym.Wrapper[str, str, str, str]):
 # --------------------------------------------------------------------------------------------
 # Exports
 
-TrajectoryKey = tuple[str, str, int, str, int]  # run, task, variant, knowledge, trajectory
+# run, task, variant, knowledge, language, trajectory
+TrajectoryKey = tuple[str, str, int, str, str, int]
 
 
 def _trajectories(records: Iterable[TurnRecord]) -> dict[TrajectoryKey, list[TurnRecord]]:
@@ -302,6 +305,7 @@ def _trajectories(records: Iterable[TurnRecord]) -> dict[TrajectoryKey, list[Tur
             record.task_id,
             record.prompt_variant,
             record.knowledge,
+            record.language,
             record.trajectory,
         )
         groups.setdefault(key, {})[record.turn] = record
@@ -311,11 +315,14 @@ def _trajectories(records: Iterable[TurnRecord]) -> dict[TrajectoryKey, list[Tur
 def repair_pairs(records: Iterable[TurnRecord]) -> list[dict[str, Any]]:
     """Failure→repair pairs: each failing turn with a source, and the first later PASSED turn.
 
-    Pairs are formed within one trajectory (same run, task, variant, knowledge, index). A
-    failure with no later correct turn gives no pair; several failures may share one repair.
+    Pairs are formed within one trajectory (same run, task, variant, knowledge, language,
+    index). A failure with no later correct turn gives no pair; several failures may share one
+    repair.
     """
     pairs: list[dict[str, Any]] = []
-    for (run, task_id, variant, knowledge, index), turns in _trajectories(records).items():
+    for (run, task_id, variant, knowledge, language, index), turns in _trajectories(
+        records
+    ).items():
         for position, failed in enumerate(turns):
             if failed.status == _PASSED or failed.source is None:
                 continue
@@ -328,6 +335,7 @@ def repair_pairs(records: Iterable[TurnRecord]) -> list[dict[str, Any]]:
                     "task_id": task_id,
                     "prompt_variant": variant,
                     "knowledge": knowledge,
+                    "language": language,
                     "trajectory": index,
                     "failed_turn": failed.turn,
                     "failed_status": failed.status,

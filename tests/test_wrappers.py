@@ -12,6 +12,7 @@ import importlib.util
 import json
 import math
 from collections.abc import Sequence
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -350,6 +351,8 @@ def test_repair_pairs() -> None:
         # Another knowledge level with the same trajectory index is another trajectory.
         make_record(1, Status.COMPILE_ERROR, knowledge="none"),
         make_record(2, Status.COMPILE_ERROR, knowledge="none"),
+        # So is another language: its failure is not repaired by the CUDA turn 3.
+        replace(make_record(1, Status.COMPILE_ERROR), language="triton"),
     ]
     pairs = repair_pairs(records)
     assert [(p["failed_turn"], p["repaired_turn"]) for p in pairs] == [(1, 3), (2, 3), (5, 6)]
@@ -359,6 +362,7 @@ def test_repair_pairs() -> None:
         "task_id": GEMM,
         "prompt_variant": 0,
         "knowledge": "full",
+        "language": "cuda",
         "trajectory": 0,
         "failed_turn": 1,
         "failed_status": "COMPILE_ERROR",

@@ -30,7 +30,7 @@ from typing import Any
 from ptxgym.agents.base import Agent, Reply
 from ptxgym.bench.records import TurnRecord, append_line, read_lines, read_records
 from ptxgym.evaluate.evaluator import Evaluator, make_evaluator
-from ptxgym.languages import get_language
+from ptxgym.languages import DEFAULT_LANGUAGE, get_language
 from ptxgym.outcome import Outcome, Status
 from ptxgym.prompt import build_prompt
 from ptxgym.tasks import get_task
@@ -59,9 +59,12 @@ class Failure:
 
     @property
     def key(self) -> str:
-        """Identifies it across runs of Fixit: the run, the turn, and the failed kernel."""
+        """Identifies it across runs of Fixit: the run, the turn, and the failed kernel (a
+        CUDA turn's key is what it was before records named their language)."""
         r = self.record
         where = f"{r.run}|{r.task_id}|{r.prompt_variant}|{r.knowledge}|{r.trajectory}|{r.turn}"
+        if r.language != DEFAULT_LANGUAGE:
+            where += f"|{r.language}"
         return hashlib.sha256(f"{where}|{r.source}".encode()).hexdigest()[:32]
 
 
@@ -131,16 +134,21 @@ def fixit(
     todo = [f for path in records for f in failures(read_records(path)) if f.key not in done]
     todo = todo[:limit] if limit is not None else todo
     writing = threading.Lock()
+    # One per task and language: a Triton failure is repaired in Triton and judged as such.
     evaluators = {
-        task_id: make_evaluator(evaluator, get_task(task_id))
-        for task_id in dict.fromkeys(failure.record.task_id for failure in todo)
+        (task_id, language): make_evaluator(evaluator, get_task(task_id), language)
+        for task_id, language in dict.fromkeys(
+            (failure.record.task_id, failure.record.language) for failure in todo
+        )
     }
 
     def repair(failure: Failure) -> None:
         record = failure.record
         task = get_task(record.task_id)
-        prompt = build_prompt(task, variant=record.prompt_variant, knowledge=record.knowledge)
-        language = get_language()
+        language = get_language(record.language)
+        prompt = build_prompt(
+            task, variant=record.prompt_variant, knowledge=record.knowledge, language=language.name
+        )
         request = REQUEST.format(
             prompt=prompt.text.strip(),
             fence=language.fence,
@@ -164,7 +172,7 @@ def fixit(
             )
             sample = None
         else:
-            outcome = evaluators[task.id].evaluate(task, extraction.source)
+            outcome = evaluators[(task.id, language.name)].evaluate(task, extraction.source)
             ok = verified(outcome, failure.category)
             attempt = Attempt(
                 failure.key, failure.category, task.id, ok, outcome.status.value, outcome.message
@@ -215,6 +223,7 @@ def _sample(
             "failure": failure.key,
             "category": failure.category,
             "task_id": record.task_id,
+            "language": record.language,
             "from": {
                 "run": record.run,
                 "prompt_variant": record.prompt_variant,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,11 +19,13 @@ import gymnasium as gym
 
 from ptxgym.bench import transitions
 from ptxgym.bench.metrics import Turn
+from ptxgym.outcome import Status
 
 # Version 2 added the task's category and kind, the code-quality metrics and the transition
-# from the turn before; a version-1 record reads with their defaults.
-SCHEMA_VERSION = 2
-_READABLE_SCHEMAS = (1, SCHEMA_VERSION)
+# from the turn before; version 3 the action language. An older record reads with the defaults
+# of the fields added after it (every record before version 3 was of a CUDA run).
+SCHEMA_VERSION = 3
+_READABLE_SCHEMAS = (1, 2, SCHEMA_VERSION)
 
 
 @dataclass(frozen=True)
@@ -65,12 +67,31 @@ class TurnRecord:
     # The transition from the trajectory's previous turn in the recording process
     # (ptxgym.bench.transitions.Transition: events and diff); empty for a first turn.
     transition: dict[str, Any] = field(default_factory=dict)
+    # The action language the agent wrote the kernel in (ptxgym.languages: "cuda", "triton").
+    language: str = "cuda"
     schema: int = SCHEMA_VERSION
 
     @property
     def key(self) -> tuple[str, int, str, int, int]:
         """Identifies the turn within a run: (task, variant, knowledge, trajectory, turn)."""
         return (self.task_id, self.prompt_variant, self.knowledge, self.trajectory, self.turn)
+
+    @property
+    def reached_gpu(self) -> bool:
+        """Whether the turn was run on a GPU: built and judged past the build (the built turns
+        of a compile-only evaluation stop at COMPILED)."""
+        status = Status(self.status)
+        return status.compiled and status is not Status.COMPILED
+
+    @property
+    def mfu(self) -> float | None:
+        """The MFU of the turn's timing (``outcome["speed_of_light"]["mfu"]``); None when it was
+        not measured (not timed, or on a GPU whose peaks ``envs/devices.yaml`` does not list)."""
+        bound = self.outcome.get("speed_of_light") or {}
+        value = bound.get("mfu") if isinstance(bound, dict) else None
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            return None
+        return float(value)
 
     def as_turn(self) -> Turn:
         return Turn(self.correct, self.qualified, self.speedup, self.instructions_required)
@@ -90,6 +111,19 @@ class TurnRecord:
         if data.get("schema") not in _READABLE_SCHEMAS:
             raise ValueError(f"trajectory record schema {data.get('schema')!r} is not supported")
         return cls(**{**data, "schema": SCHEMA_VERSION})
+
+
+def best_mfu(records: Iterable[TurnRecord], *, inst: bool) -> float | None:
+    """The largest MFU among the records' turns that count (correct, and with ``inst`` also
+    executed the target instructions, as for best speedup); None when none has one."""
+    return max(
+        (
+            mfu
+            for record in records
+            if record.as_turn().counts(inst=inst) and (mfu := record.mfu) is not None
+        ),
+        default=None,
+    )
 
 
 def read_records(path: Path) -> Iterator[TurnRecord]:

@@ -2,11 +2,13 @@
 plot.
 
 ``report(paths)`` reads the JSONL files that ``ptxgym run`` writes. The per-model table has one row
-per agent and knowledge level, over every task and run of the records (PTXBench's table of models);
-the per-problem table groups records by run (name and knowledge level), with one row per task.
-Each metric is computed per prompt variant over that variant's trajectories (pooled over all tasks
-for a model), then shown as the mean over variants with the min–max across them; in the per-problem
-table the target-instruction value comes first and the unrestricted value follows in parentheses.
+per agent, knowledge level and action language, over every task and run of the records (PTXBench's
+table of models); the per-problem table groups records by run (name, knowledge level and language),
+with one row per task. A Triton run and a CUDA run are never pooled; where one agent played a task
+in both languages, ``ptxgym.bench.languages`` sets them side by side. Each metric is computed per
+prompt variant over that variant's trajectories (pooled over all tasks for a model), then shown as
+the mean over variants with the min–max across them; in the per-problem table the
+target-instruction value comes first and the unrestricted value follows in parentheses.
 Each run also says what was measured whatever ran: how many turns were built, and which target
 instructions their SASS holds; when no turn reached a GPU, the table and the plot say that their
 zeros were not measured. Each run's tasks are then grouped by category (docs/tasks.md): per
@@ -22,10 +24,11 @@ import io
 import json
 from collections import Counter, defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+from ptxgym.bench.languages import LanguageRow, language_rows
 from ptxgym.bench.metrics import (
     TURN_LIMITS,
     Summary,
@@ -34,8 +37,9 @@ from ptxgym.bench.metrics import (
     fast_p_curve,
     summarize,
 )
-from ptxgym.bench.records import TurnRecord, read_records
+from ptxgym.bench.records import TurnRecord, best_mfu, read_records
 from ptxgym.bench.transitions import EVENTS, trajectory_transitions
+from ptxgym.languages import DEFAULT_LANGUAGE
 from ptxgym.outcome import Status
 from ptxgym.tasks import CATEGORIES, get_task
 
@@ -46,12 +50,18 @@ if TYPE_CHECKING:
 
 Format = Literal["md", "csv", "json"]
 FORMATS: tuple[Format, ...] = ("md", "csv", "json")
-CsvTable = Literal["tasks", "models", "categories"]
-CSV_TABLES: tuple[CsvTable, ...] = ("tasks", "models", "categories")
+CsvTable = Literal["tasks", "models", "categories", "languages"]
+CSV_TABLES: tuple[CsvTable, ...] = ("tasks", "models", "categories", "languages")
 UNDEFINED = "–"
 # The category of a record that names none (schema 1) and whose task is not registered here.
 UNCATEGORIZED = "uncategorized"
 NOTHING_RAN = "No turn ran on a GPU"
+
+
+def _label(name: str, knowledge: str, language: str) -> str:
+    """``name (knowledge)``; ``name (knowledge, triton)`` for a language other than CUDA."""
+    qualifiers = [knowledge] + ([] if language == DEFAULT_LANGUAGE else [language])
+    return f"{name} ({', '.join(qualifiers)})"
 
 
 @dataclass
@@ -60,6 +70,7 @@ class RecordedRun:
 
     name: str
     knowledge: str
+    language: str
     agents: set[str] = field(default_factory=set)
     # task → variant → trajectory index → turn → record
     tasks: dict[str, dict[int, dict[int, dict[int, TurnRecord]]]] = field(
@@ -68,7 +79,7 @@ class RecordedRun:
 
     @property
     def label(self) -> str:
-        return f"{self.name} ({self.knowledge})"
+        return _label(self.name, self.knowledge, self.language)
 
     @property
     def longest(self) -> int:
@@ -91,16 +102,27 @@ class RecordedRun:
     @property
     def reached_gpu(self) -> bool:
         """Whether any turn was run on a GPU (built turns of a compile-only run were not)."""
-        return any(_reached_gpu(record) for record in self.records())
+        return any(record.reached_gpu for record in self.records())
+
+    @property
+    def measured_mfu(self) -> bool:
+        """Whether any turn's speed of light was measured (timed on a GPU with known peaks)."""
+        return any(record.mfu is not None for record in self.records())
+
+    def turn_records(self, task_id: str, variant: int) -> list[list[TurnRecord]]:
+        """Each trajectory of one variant of a task, its records in turn order."""
+        return [
+            [turns[number] for number in sorted(turns)]
+            for _, turns in sorted(self.tasks[task_id][variant].items())
+        ]
 
     def trajectories(self, task_id: str, variant: int | None = None) -> list[Trajectory]:
         """Each trajectory's turns in order, for one variant or pooled over all of them."""
-        variants = self.tasks[task_id]
-        chosen = list(variants) if variant is None else [variant]
+        chosen = list(self.tasks[task_id]) if variant is None else [variant]
         return [
-            [turns[number].as_turn() for number in sorted(turns)]
+            [record.as_turn() for record in records]
             for v in chosen
-            for _, turns in sorted(variants[v].items())
+            for records in self.turn_records(task_id, v)
         ]
 
 
@@ -132,6 +154,7 @@ class Row:
 
     run: str
     knowledge: str
+    language: str
     task_id: str
     metric: str
     p: float | None
@@ -145,6 +168,7 @@ class Row:
         data: dict[str, Any] = {
             "run": self.run,
             "knowledge": self.knowledge,
+            "language": self.language,
             "task_id": self.task_id,
             "metric": self.metric,
             "p": self.p,
@@ -163,11 +187,12 @@ class Row:
 
 @dataclass
 class RecordedModel:
-    """The records of one agent at one knowledge level over every run and task, as trajectories
-    by prompt variant."""
+    """The records of one agent at one knowledge level in one action language over every run
+    and task, as trajectories by prompt variant."""
 
     agent: str
     knowledge: str
+    language: str
     # variant → (run, task, trajectory index) → turn → record
     variants: dict[int, dict[tuple[str, str, int], dict[int, TurnRecord]]] = field(
         default_factory=lambda: defaultdict(lambda: defaultdict(dict))
@@ -175,7 +200,7 @@ class RecordedModel:
 
     @property
     def label(self) -> str:
-        return f"{self.agent} ({self.knowledge})"
+        return _label(self.agent, self.knowledge, self.language)
 
     def records(self) -> list[TurnRecord]:
         return [
@@ -200,16 +225,17 @@ class RecordedModel:
 
 
 def by_model(runs: Sequence[RecordedRun]) -> list[RecordedModel]:
-    """The runs' records regrouped by agent and knowledge level, in order of first appearance."""
-    models: dict[tuple[str, str], RecordedModel] = {}
+    """The runs' records regrouped by agent, knowledge level and action language, in order of
+    first appearance."""
+    models: dict[tuple[str, str, str], RecordedModel] = {}
     for run in runs:
         for task_id, variants in run.tasks.items():
             for variant, trajectories in variants.items():
                 for index, turns in trajectories.items():
                     for number, record in turns.items():
                         model = models.setdefault(
-                            (record.agent, run.knowledge),
-                            RecordedModel(record.agent, run.knowledge),
+                            (record.agent, run.knowledge, run.language),
+                            RecordedModel(record.agent, run.knowledge, run.language),
                         )
                         model.variants[variant][(run.name, task_id, index)][number] = record
     return list(models.values())
@@ -307,10 +333,12 @@ def _model_values(
 
 @dataclass(frozen=True)
 class ModelRow:
-    """One agent at one knowledge level over all tasks: each metric column across variants."""
+    """One agent at one knowledge level in one action language over all tasks: each metric
+    column across variants."""
 
     agent: str
     knowledge: str
+    language: str
     tasks: int
     variants: int
     trajectories: int
@@ -322,11 +350,16 @@ class ModelRow:
     # no record has a speed-of-light measurement (nothing was timed on a listed GPU).
     best_mfu_inst: Spread | None = None
 
+    @property
+    def label(self) -> str:
+        return _label(self.agent, self.knowledge, self.language)
+
     def flat(self) -> dict[str, Any]:
         """The row as one flat mapping (CSV and JSON share it)."""
         data: dict[str, Any] = {
             "agent": self.agent,
             "knowledge": self.knowledge,
+            "language": self.language,
             "model": ", ".join(self.generation.models) or None,
             "tasks": self.tasks,
             "variants": self.variants,
@@ -369,6 +402,7 @@ def model_rows(runs: Sequence[RecordedRun], ps: Sequence[float]) -> list[ModelRo
             ModelRow(
                 agent=model.agent,
                 knowledge=model.knowledge,
+                language=model.language,
                 tasks=len({task_id for _, task_id, _ in _keys(model)}),
                 variants=len(model.variants),
                 trajectories=len(_keys(model)),
@@ -378,33 +412,25 @@ def model_rows(runs: Sequence[RecordedRun], ps: Sequence[float]) -> list[ModelRo
                     for column in columns
                 },
                 generation=Generation.of(records),
-                reached_gpu=any(_reached_gpu(record) for record in records),
-                best_mfu_inst=_best_mfu(model) if any(map(_mfu_of, records)) else None,
+                reached_gpu=any(record.reached_gpu for record in records),
+                best_mfu_inst=_best_mfu(model) if any(r.mfu is not None for r in records) else None,
             )
         )
     return table
 
 
-def _mfu_of(record: TurnRecord) -> float | None:
-    """The MFU of a turn's timing (``outcome.speed_of_light``), when it was measured."""
-    bound = record.outcome.get("speed_of_light") or {}
-    value = bound.get("mfu") if isinstance(bound, dict) else None
-    return float(value) if isinstance(value, int | float) else None
-
-
 def _best_mfu(model: RecordedModel) -> Spread:
     """Per prompt variant, the best MFU of a correct turn that executed the target
     instructions; across variants."""
-    best = []
-    for trajectories in model.variants.values():
-        values = [
-            mfu
-            for turns in trajectories.values()
-            for record in turns.values()
-            if record.correct and record.qualified is True and (mfu := _mfu_of(record)) is not None
+    return Spread.of(
+        [
+            best_mfu(
+                (record for turns in trajectories.values() for record in turns.values()),
+                inst=True,
+            )
+            for trajectories in model.variants.values()
         ]
-        best.append(max(values) if values else None)
-    return Spread.of(best)
+    )
 
 
 def _keys(model: RecordedModel) -> list[tuple[str, str, int]]:
@@ -419,8 +445,9 @@ def report(
     plot: Path | None = None,
     csv_table: CsvTable = "tasks",
 ) -> str:
-    """The per-model and per-problem tables of the runs recorded in ``paths``; also saves the plot
-    to ``plot``. CSV holds one table: ``csv_table`` says which."""
+    """The per-model and per-problem tables of the runs recorded in ``paths``, and the tasks that
+    an agent played in more than one language side by side; also saves the plot to ``plot``. CSV
+    holds one table: ``csv_table`` says which."""
     if fmt not in FORMATS:
         raise ValueError(f"format must be one of {FORMATS}, not {fmt!r}")
     if csv_table not in CSV_TABLES:
@@ -434,42 +461,57 @@ def report(
     table = rows(runs, ps)
     models = model_rows(runs, ps)
     categories = category_rows(runs, ps)
+    languages = language_rows(record for run in runs for record in run.records())
     if plot is not None:
         plot_fast_p(runs, plot)
     if fmt == "csv":
-        chosen: dict[CsvTable, Sequence[ModelRow | Row | CategoryRow]] = {
+        chosen: dict[CsvTable, Sequence[ModelRow | Row | CategoryRow | LanguageRow]] = {
             "models": models,
             "tasks": table,
             "categories": categories,
+            "languages": languages,
         }
-        return _csv([row.flat() for row in chosen[csv_table]])
+        flat = [row.flat() for row in chosen[csv_table]]
+        # Only the languages table can be empty (no agent played a task in two languages); its
+        # header still names the columns.
+        header = list(flat[0]) if flat else [column.name for column in fields(LanguageRow)]
+        return _csv(header, flat)
     if fmt == "json":
         document = {
             "models": [row.flat() for row in models],
             "tasks": [row.flat() for row in table],
             "categories": [row.flat() for row in categories],
+            "languages": [row.flat() for row in languages],
         }
         return json.dumps(document, indent=2) + "\n"
-    return _markdown(runs, table, ps, models, categories)
+    return _markdown(runs, table, ps, models, categories, languages)
 
 
 def load(paths: Sequence[Path]) -> list[RecordedRun]:
-    """Every record in ``paths``, grouped by run; a turn recorded twice is an error."""
-    runs: dict[tuple[str, str], RecordedRun] = {}
-    seen: dict[tuple[str, tuple[str, int, str, int, int]], Path] = {}
+    """Every record in ``paths``, grouped by run (name, knowledge level and action language); a
+    turn recorded twice is an error.
+
+    The language is part of a turn's identity: a run's name defaults to its file's stem, so a
+    CUDA run and a Triton run written to files of one name in two folders share their names and
+    keys, yet are different turns.
+    """
+    runs: dict[tuple[str, str, str], RecordedRun] = {}
+    seen: dict[tuple[str, str, tuple[str, int, str, int, int]], Path] = {}
     for path in map(Path, paths):
         if not path.is_file():
             raise FileNotFoundError(f"{path}: no such file")
         for record in read_records(path):
-            if (first := seen.get((record.run, record.key))) is not None:
+            identity = (record.run, record.language, record.key)
+            if (first := seen.get(identity)) is not None:
                 raise ValueError(
                     f"{path}: turn {record.turn} of {record.task_id} variant "
                     f"{record.prompt_variant} trajectory {record.trajectory} in run "
-                    f"{record.run!r} is recorded twice (also in {first})"
+                    f"{record.run!r} ({record.language}) is recorded twice (also in {first})"
                 )
-            seen[(record.run, record.key)] = path
+            seen[identity] = path
             run = runs.setdefault(
-                (record.run, record.knowledge), RecordedRun(record.run, record.knowledge)
+                (record.run, record.knowledge, record.language),
+                RecordedRun(record.run, record.knowledge, record.language),
             )
             run.agents.add(record.agent)
             trajectory = run.tasks[record.task_id][record.prompt_variant][record.trajectory]
@@ -477,11 +519,6 @@ def load(paths: Sequence[Path]) -> list[RecordedRun]:
     if not runs:
         raise ValueError(f"no trajectory records in {', '.join(str(p) for p in paths)}")
     return list(runs.values())
-
-
-def _reached_gpu(record: TurnRecord) -> bool:
-    status = Status(record.status)
-    return status.compiled and status is not Status.COMPILED
 
 
 def _family_names(task_id: str) -> dict[str, str]:
@@ -533,17 +570,30 @@ def turn_limits(longest: int) -> list[int]:
     return sorted({k for k in TURN_LIMITS if k <= longest} | {min(longest, max(TURN_LIMITS))})
 
 
-def _columns(ps: Sequence[float]) -> list[tuple[str, float | None]]:
-    return [("turn_correctness", None), ("best_speedup", None), *(("fast_p", p) for p in ps)]
+def _columns(ps: Sequence[float], *, mfu: bool) -> list[tuple[str, float | None]]:
+    """The per-problem metrics; best MFU only for a run that measured one (a column of dashes
+    would say nothing)."""
+    return [
+        ("turn_correctness", None),
+        ("best_speedup", None),
+        *([("best_mfu", None)] if mfu else []),
+        *(("fast_p", p) for p in ps),
+    ]
 
 
 def _pair(
-    summary: Summary, metric: str, p: float | None, k: int
+    summary: Summary, records: Sequence[Sequence[TurnRecord]], metric: str, p: float | None, k: int
 ) -> tuple[float | None, float | None]:
+    """One variant's (target-instruction, unrestricted) value of a metric over the first ``k``
+    turns: from its summary, or for best MFU (which the summary does not know) from its
+    trajectories' records."""
     if metric == "turn_correctness":
         return summary.turn_correctness[k]
     if metric == "best_speedup":
         return summary.best_speedup[k]
+    if metric == "best_mfu":
+        first = [record for trajectory in records for record in trajectory[:k]]
+        return best_mfu(first, inst=True), best_mfu(first, inst=False)
     assert p is not None
     return summary.fast[p][k]
 
@@ -558,13 +608,18 @@ def rows(runs: Sequence[RecordedRun], ps: Sequence[float]) -> list[Row]:
                 summarize(run.trajectories(task_id, variant), limits=limits, ps=ps)
                 for variant in sorted(variants)
             ]
-            for metric, p in _columns(ps):
+            records = [run.turn_records(task_id, variant) for variant in sorted(variants)]
+            for metric, p in _columns(ps, mfu=run.measured_mfu):
                 for k in limits:
-                    pairs = [_pair(summary, metric, p, k) for summary in summaries]
+                    pairs = [
+                        _pair(summary, trajectories, metric, p, k)
+                        for summary, trajectories in zip(summaries, records, strict=True)
+                    ]
                     table.append(
                         Row(
                             run=run.name,
                             knowledge=run.knowledge,
+                            language=run.language,
                             task_id=task_id,
                             metric=metric,
                             p=p,
@@ -618,6 +673,7 @@ class CategoryRow:
 
     run: str
     knowledge: str
+    language: str
     category: str
     tasks: int
     performance_tasks: int
@@ -630,6 +686,7 @@ class CategoryRow:
         data: dict[str, Any] = {
             "run": self.run,
             "knowledge": self.knowledge,
+            "language": self.language,
             "category": self.category,
             "tasks": self.tasks,
             "performance_tasks": self.performance_tasks,
@@ -701,6 +758,7 @@ def category_rows(runs: Sequence[RecordedRun], ps: Sequence[float]) -> list[Cate
                 CategoryRow(
                     run=run.name,
                     knowledge=run.knowledge,
+                    language=run.language,
                     category=category,
                     tasks=len(task_ids),
                     performance_tasks=sum(
@@ -779,9 +837,9 @@ def _category_markdown(rows: Sequence[CategoryRow], ps: Sequence[float]) -> list
     return lines
 
 
-def _csv(table: Sequence[dict[str, Any]]) -> str:
+def _csv(header: Sequence[str], table: Sequence[dict[str, Any]]) -> str:
     buffer = io.StringIO()
-    writer = csv.DictWriter(buffer, fieldnames=list(table[0]), lineterminator="\n")
+    writer = csv.DictWriter(buffer, fieldnames=header, lineterminator="\n")
     writer.writeheader()
     for row in table:
         writer.writerow({key: "" if value is None else value for key, value in row.items()})
@@ -793,7 +851,7 @@ def _number(value: float | None, metric: str) -> str:
         return UNDEFINED
     if metric == "best_speedup" and value < 0.1:
         return f"{value:.2g}"  # naive kernels run at ~0.01x: two decimals would show 0.00
-    if metric == "mfu":
+    if metric == "best_mfu":
         return f"{value:.1%}"
     return f"{value:.2f}"
 
@@ -809,7 +867,11 @@ def _count(n: int, one: str, many: str | None = None) -> str:
 
 
 def _header(metric: str, p: float | None, k: int) -> str:
-    name = {"turn_correctness": "correct", "best_speedup": "best speedup"}.get(metric)
+    name = {
+        "turn_correctness": "correct",
+        "best_speedup": "best speedup",
+        "best_mfu": "best MFU",
+    }.get(metric)
     return f"{name or f'Fast_{p:g}'} ≤{k}"
 
 
@@ -820,7 +882,7 @@ def _model_markdown(
     columns = model_columns(ps, model_limits(runs))
     generation = any(row.generation.turns for row in models)
     mfu = any(row.best_mfu_inst is not None for row in models)
-    header = ["agent", "knowledge", "tasks", "variants", "trajectories", "turns"]
+    header = ["agent", "knowledge", "language", "tasks", "variants", "trajectories", "turns"]
     header += [column.header for column in columns]
     if mfu:
         header.append("best MFU^Inst")
@@ -828,11 +890,11 @@ def _model_markdown(
         header += ["model", "prompt tokens", "completion tokens", "model s/turn"]
     lines = ["## Per model", "", "| " + " | ".join(header) + " |", "|---" * len(header) + "|"]
     for row in models:
-        cells = [row.agent, row.knowledge]
+        cells = [row.agent, row.knowledge, row.language]
         cells += map(str, (row.tasks, row.variants, row.trajectories, row.turns))
         cells += [_spread(row.metrics[column.key], column.metric) for column in columns]
         if mfu:
-            cells.append(_spread(row.best_mfu_inst or Spread.of([]), "mfu"))
+            cells.append(_spread(row.best_mfu_inst or Spread.of([]), "best_mfu"))
         if generation:
             spent = row.generation
             cells += [
@@ -848,12 +910,13 @@ def _model_markdown(
         if not row.reached_gpu:
             lines += [
                 "",
-                f"{NOTHING_RAN} for {row.agent} ({row.knowledge}) (compile-only evaluation): "
+                f"{NOTHING_RAN} for {row.label} (compile-only evaluation): "
                 "its zeros are not results.",
             ]
     lines += [
         "",
-        "One row per agent and knowledge level, over every task and run of the records. Each "
+        "One row per agent, knowledge level and action language, over every task and run of "
+        "the records (a language's runs are never pooled with another's). Each "
         "metric is computed per prompt variant, pooling that variant's trajectories over all "
         "tasks, then shown as the mean over variants with [min–max] across variants where they "
         "differ. correct: fraction of all turns that are correct. correct^Inst: fraction of all "
@@ -880,26 +943,82 @@ def _model_markdown(
     return lines
 
 
+def _language_markdown(rows: Sequence[LanguageRow]) -> list[str]:
+    """The languages side by side, where an agent played a task in more than one; nothing
+    otherwise."""
+    if not rows:
+        return []
+    mfu = any(row.best_mfu_inst is not None for row in rows)
+    header = ["agent", "knowledge", "task", "language", "trajectories", "turns", "correct"]
+    header += ["correct^Inst", "best speedup", "best speedup^Inst"]
+    header += ["best MFU^Inst"] if mfu else []
+    lines = ["## Triton against CUDA", "", "| " + " | ".join(header) + " |"]
+    lines.append("|---" * len(header) + "|")
+    for row in rows:
+        values = [
+            (row.correct, "turn_correctness"),
+            (row.correct_inst, "turn_correctness"),
+            (row.best_speedup, "best_speedup"),
+            (row.best_speedup_inst, "best_speedup"),
+            *([(row.best_mfu_inst, "best_mfu")] if mfu else []),
+        ]
+        cells = [row.agent, row.knowledge, row.task_id, row.language]
+        cells += [str(row.trajectories), str(row.turns)]
+        cells += [_number(value, metric) for value, metric in values]
+        lines.append("| " + " | ".join(cells) + " |")
+    for row in rows:
+        if not row.reached_gpu:
+            lines += [
+                "",
+                f"{NOTHING_RAN} for {row.agent} ({row.knowledge}) on {row.task_id} in "
+                f"{row.language} (compile-only evaluation): its zeros are not results.",
+            ]
+    lines += [
+        "",
+        "For every agent, knowledge level and task recorded in more than one action language, "
+        "one row per language, over every turn of that language's trajectories (prompt variants "
+        "and runs pooled). correct: fraction of the turns that are correct; correct^Inst: that "
+        "are correct and executed the target instructions. best speedup: the largest speedup "
+        "over the library baseline of a correct turn; best speedup^Inst: of a correct turn that "
+        "executed the target instructions."
+        + (
+            " best MFU^Inst: the largest share of the GPU's dense bf16 peak that such a turn "
+            f"achieved ({UNDEFINED} where none was measured)."
+            if mfu
+            else ""
+        )
+        + f" {UNDEFINED}: undefined (no turn counts).",
+        "",
+    ]
+    return lines
+
+
 def _markdown(
     runs: Sequence[RecordedRun],
     table: Sequence[Row],
     ps: Sequence[float],
     models: Sequence[ModelRow],
     categories: Sequence[CategoryRow],
+    languages: Sequence[LanguageRow],
 ) -> str:
     cells = {
-        (row.run, row.knowledge, row.task_id, row.metric, row.p, row.limit): row for row in table
+        (row.run, row.knowledge, row.language, row.task_id, row.metric, row.p, row.limit): row
+        for row in table
     }
     lines = ["# ptxgym report", "", *_model_markdown(runs, models, ps)]
+    lines += _language_markdown(languages)
     for run in runs:
         limits = turn_limits(run.longest)
         variants = sorted({v for task in run.tasks.values() for v in task})
         trajectories = [t for task in run.tasks.values() for v in task.values() for t in v.values()]
         statuses = Counter(record.status for t in trajectories for record in t.values())
+        # A CUDA run keeps its plain name: the language is said where it is not the default.
+        heading = run.name if run.language == DEFAULT_LANGUAGE else f"{run.name} ({run.language})"
         lines += [
-            f"## {run.name}",
+            f"## {heading}",
             "",
-            f"Agent {', '.join(sorted(run.agents))}, knowledge {run.knowledge}: "
+            f"Agent {', '.join(sorted(run.agents))}, knowledge {run.knowledge}, "
+            f"language {run.language}: "
             f"{_count(len(run.tasks), 'task')} × "
             f"{_count(len(variants), 'prompt variant')} ({', '.join(map(str, variants))}), "
             f"{_count(len(trajectories), 'trajectory', 'trajectories')} of up to "
@@ -909,28 +1028,36 @@ def _markdown(
             "",
             *(line for fact in measured(run) for line in (fact, "")),
         ]
-        columns = [(metric, p, k) for metric, p in _columns(ps) for k in limits]
+        columns = [
+            (metric, p, k) for metric, p in _columns(ps, mfu=run.measured_mfu) for k in limits
+        ]
         lines.append("| task | " + " | ".join(_header(*column) for column in columns) + " |")
         lines.append("|---" * (len(columns) + 1) + "|")
         for task_id in run.tasks:
             row_cells = []
             for metric, p, k in columns:
-                row = cells[(run.name, run.knowledge, task_id, metric, p, k)]
+                row = cells[(run.name, run.knowledge, run.language, task_id, metric, p, k)]
                 row_cells.append(
                     f"{_spread(row.inst, metric)} ({_spread(row.unrestricted, metric)})"
                 )
             lines.append(f"| {task_id} | " + " | ".join(row_cells) + " |")
         lines.append("")
+        run_key = (run.name, run.knowledge, run.language)
         lines += _category_markdown(
-            [row for row in categories if (row.run, row.knowledge) == (run.name, run.knowledge)],
-            ps,
+            [row for row in categories if (row.run, row.knowledge, row.language) == run_key], ps
         )
     lines += [
         "Each cell: the target-instruction value, then the unrestricted value in parentheses; "
         "each is the mean over prompt variants, with [min–max] across variants where they "
         "differ. ≤k: the first k turns of every trajectory. correct: fraction of turns that are "
         "correct. best speedup: the largest speedup over the library baseline of a correct turn. "
-        "Fast_p: fraction of turns that are correct and faster than p × the baseline. The "
+        + (
+            "best MFU (for a run whose turns were timed on a GPU with known peaks): the largest "
+            "share of the GPU's dense bf16 peak that a correct turn achieved. "
+            if any(run.measured_mfu for run in runs)
+            else ""
+        )
+        + "Fast_p: fraction of turns that are correct and faster than p × the baseline. The "
         "target-instruction value also requires that the turn executed the target instructions "
         f"(a turn not profiled never counts). {UNDEFINED}: undefined (no turn counts).",
         "",
@@ -966,9 +1093,9 @@ def fast_p_figure(runs: Sequence[RecordedRun]) -> Figure:
 
 
 def fast_p_model_figure(runs: Sequence[RecordedRun]) -> Figure:
-    """Fast_p^Inst and Fast_p against the threshold p, one line per agent and knowledge level:
-    the mean over prompt variants (each pooling its trajectories over all tasks), in a shaded
-    band from the lowest to the highest variant."""
+    """Fast_p^Inst and Fast_p against the threshold p, one line per agent, knowledge level and
+    action language: the mean over prompt variants (each pooling its trajectories over all
+    tasks), in a shaded band from the lowest to the highest variant."""
     figure = _figure(rows=1)
     _draw_models(figure, runs)
     return figure
@@ -1072,7 +1199,8 @@ def _draw_tasks(target: FigureBase, runs: Sequence[RecordedRun], title: str | No
 
 
 def _draw_models(target: FigureBase, runs: Sequence[RecordedRun]) -> None:
-    """Per agent and knowledge level: the mean over prompt variants, in a min–max band."""
+    """Per agent, knowledge level and language: the mean over prompt variants, in a min–max
+    band."""
     models = by_model(runs)
     thresholds = _thresholds(runs)
     panels = _panels(target, runs, thresholds, len(models))

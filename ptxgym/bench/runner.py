@@ -193,7 +193,12 @@ def _recorded(out: Path, plan: RunPlan, agent: Agent) -> dict[Episode, list[Turn
     episodes: dict[Episode, list[TurnRecord]] = defaultdict(list)
     for record in read_records(out):
         episode = (record.task_id, record.prompt_variant, record.trajectory)
-        if record.run == plan.name and record.knowledge == plan.knowledge and episode in planned:
+        ours = (record.run, record.knowledge, record.language) == (
+            plan.name,
+            plan.knowledge,
+            plan.language,
+        )
+        if ours and episode in planned:
             episodes[episode].append(record)
     for (task_id, variant, trajectory), records in episodes.items():
         where = f"{out}: run {plan.name!r}, {task_id} variant {variant} trajectory {trajectory}"

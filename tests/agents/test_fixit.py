@@ -169,3 +169,33 @@ def test_the_cli_runs_fixit_and_prints_the_repair_rates(
     assert "Fixit: 5 attempts, 3 verified repairs, 2 records" in printed
     assert "compile: 2/2 repaired (100%)" in printed
     assert len(list(read_records(run_file))) == 7  # the run's records are read, not changed
+
+
+TRITON_GEMM = (paths.examples_dir() / "triton" / "gemm.py").read_text()
+
+
+def test_a_triton_failure_is_repaired_and_judged_in_triton(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The record's language decides the prompt, the fence asked for, and how the repair is
+    built: a Triton module, not a CUDA translation unit."""
+    monkeypatch.setenv("PTXGYM_TEST_KEY", KEY)
+    broken = TRITON_GEMM.replace("def ", "def def ", 1)
+    run_file = tmp_path / "run.jsonl"
+    run_file.write_text(record(1, "COMPILE_ERROR", broken, language="triton").to_json() + "\n")
+    out = tmp_path / "fixit.jsonl"
+
+    def repair(request: ChatRequest) -> Step:
+        return Step(f"A doubled `def`.\n\n```python\n{TRITON_GEMM}```")
+
+    with ChatServer(repair, api_key=KEY, models=(MODEL,)) as server:
+        teacher = OpenAIAgent(
+            ChatSettings(model=MODEL, base_url=server.base_url, api_key_env="PTXGYM_TEST_KEY")
+        )
+        stats = fixit([run_file], teacher, "compile-only", out)
+        asked = server.completions[0].messages[-1]["content"]
+    assert "```python\n" in asked and "one ```python block" in asked
+    assert stats["per_category"] == {"compile": {"attempts": 1, "verified": 1, "repair_rate": 1.0}}
+    (sample,) = [json.loads(line) for line in out.read_text().splitlines()]
+    assert sample["meta"]["language"] == "triton"
+    assert sample["meta"]["repair"]["status"] == "COMPILED"

@@ -307,8 +307,8 @@ SCRIPTED = played(
     llm=False,
 )
 MODEL_HEADER = (
-    "| agent | knowledge | tasks | variants | trajectories | turns | correct | correct^Inst | "
-    "best speedup | best speedup^Inst | Fast_1^Inst ≤1 | Fast_1^Inst ≤4 | model | "
+    "| agent | knowledge | language | tasks | variants | trajectories | turns | correct | "
+    "correct^Inst | best speedup | best speedup^Inst | Fast_1^Inst ≤1 | Fast_1^Inst ≤4 | model | "
     "prompt tokens | completion tokens | model s/turn |"
 )
 
@@ -327,13 +327,13 @@ def test_the_per_model_table_comes_first_with_means_ranges_and_tokens(models_fil
     assert "≤8" not in text
     # Tokens: 24 turns × 1000; 6 trajectories × (100 + 200 + 300 + 400); seconds 1..4 → 2.5.
     assert (
-        "| llm | full | 2 | 3 | 6 | 24 | 0.50 [0.25–0.75] | 0.33 [0.25–0.50] | "
+        "| llm | full | cuda | 2 | 3 | 6 | 24 | 0.50 [0.25–0.75] | 0.33 [0.25–0.50] | "
         "4.33 [2.00–8.00] | 3.67 [2.00–6.00] | 0.17 [0.00–0.50] | 0.29 [0.25–0.38] | "
         "gpt-test | 24,000 | 6,000 | 2.50 |"
     ) in lines
     # Best speedup: the mean and range over the 2 variants that have one.
     assert (
-        "| scripted | full | 2 | 3 | 12 | 24 | 0.25 [0.00–0.50] | 0.17 [0.00–0.25] | "
+        "| scripted | full | cuda | 2 | 3 | 12 | 24 | 0.25 [0.00–0.50] | 0.17 [0.00–0.25] | "
         "1.50 [1.00–2.00] | 1.50 [1.00–2.00] | 0.08 [0.00–0.25] | – | – | – | – | – |"
     ) in lines
 
@@ -343,12 +343,12 @@ def test_the_per_model_table_without_generation_has_no_token_columns(run_file: P
     # Variant 0 pools H100's trajectory with B200's two (6 turns), variant 1 is H100's (2 turns):
     # correct 1/6 and 2/2, correct^Inst 1/6 and 0, best 2 and 1.5, best^Inst 2 and none.
     assert (
-        "| agent | knowledge | tasks | variants | trajectories | turns | correct | correct^Inst | "
-        "best speedup | best speedup^Inst | Fast_1^Inst ≤1 |"
+        "| agent | knowledge | language | tasks | variants | trajectories | turns | correct | "
+        "correct^Inst | best speedup | best speedup^Inst | Fast_1^Inst ≤1 |"
     ) in lines
     assert (
-        "| test | full | 2 | 2 | 4 | 8 | 0.58 [0.17–1.00] | 0.08 [0.00–0.17] | 1.75 [1.50–2.00] | "
-        "2.00 | 0.00 |"
+        "| test | full | cuda | 2 | 2 | 4 | 8 | 0.58 [0.17–1.00] | 0.08 [0.00–0.17] | "
+        "1.75 [1.50–2.00] | 2.00 | 0.00 |"
     ) in lines
 
 
@@ -373,7 +373,7 @@ def test_models_pool_runs_and_split_knowledge_levels(tmp_path: Path) -> None:
 
 def test_json_has_the_per_model_numbers(models_file: Path) -> None:
     document = json.loads(report([models_file], fmt="json"))
-    assert set(document) == {"models", "tasks", "categories"}
+    assert set(document) == {"models", "tasks", "categories", "languages"}
     llm, scripted = document["models"]
     assert (llm["agent"], llm["knowledge"], llm["model"], scripted["model"]) == (
         "llm",
@@ -417,7 +417,7 @@ def test_csv_prints_the_per_model_table_when_asked(models_file: Path) -> None:
     text = report([models_file], fmt="csv", csv_table="models")
     llm, scripted = csv.DictReader(io.StringIO(text))
     assert text.splitlines()[0].startswith(
-        "agent,knowledge,model,tasks,variants,trajectories,turns,reached_gpu,correct_mean,"
+        "agent,knowledge,language,model,tasks,variants,trajectories,turns,reached_gpu,correct_mean,"
     )
     assert (llm["correct_mean"], llm["correct_min"], llm["correct_max"]) == ("0.5", "0.25", "0.75")
     assert (llm["prompt_tokens"], llm["completion_tokens"], llm["model_seconds_per_turn"]) == (

@@ -257,3 +257,25 @@ def test_demo_writes_records_report_and_plot(
     assert {r.task_id for r in records} >= {"PTX-H100-GEMM", "PTX-B200-GEMM"}
     assert (tmp_path / "report.md").read_text().startswith("# ptxgym report")
     assert (tmp_path / "fastp.png").read_bytes().startswith(PNG_MAGIC)
+
+
+def test_a_run_in_another_language_does_not_resume_from_this_ones_turns(
+    tmp_path: Path, no_code: Path
+) -> None:
+    """One file, one run name, two languages: the Triton run plays its own episodes instead of
+    taking the CUDA run's recorded turns as its history."""
+    out = tmp_path / "run.jsonl"
+    one = plan(CompileOnlyEvaluator(), tasks=TASKS[:1], variants=(0,), trajectories=1, turns=1)
+    run(one, ScriptedAgent([no_code]), out, progress=False)
+    triton = plan(
+        CompileOnlyEvaluator(language="triton"),
+        tasks=TASKS[:1],
+        variants=(0,),
+        trajectories=1,
+        turns=1,
+        language="triton",
+    )
+    watching = Watching(ScriptedAgent([no_code]))
+    run(triton, watching, out, progress=False)
+    assert len(watching.seen) == 1  # played, not restored
+    assert sorted(record.language for record in read_records(out)) == ["cuda", "triton"]

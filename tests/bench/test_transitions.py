@@ -107,4 +107,6 @@ def test_the_report_shows_the_category_tables_in_every_format(tmp_path: Path) ->
     assert "| softmax | 1 | 1 | 0 | 0 | 0 | 2 | 15.0 | 1.5 | 50.0 |" in markdown
     rows = json.loads(report([path], fmt="json"))["categories"]
     assert rows[0]["category"] == "softmax" and rows[0]["transitions_fixed"] == 1
-    assert report([path], fmt="csv", csv_table="categories").startswith("run,knowledge,category")
+    assert report([path], fmt="csv", csv_table="categories").startswith(
+        "run,knowledge,language,category"
+    )
