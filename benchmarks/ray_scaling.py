@@ -25,6 +25,10 @@ every step really compiles and no pool finds another's builds in the cache. Meas
   evaluations, nothing failed, cancelled or answered twice, at least one actor death, and the
   run finished; replacements and retries are reported. A repeat, so that the measured levels
   are not slowed by the replacement;
+- with ``--local`` (issue 29), the same levels first through the evaluator an env makes on its
+  own host (``LocalGPUEvaluator``, with the judge's concurrency; compile-only in a dry run), and
+  at each trajectory count the one-GPU pool's evaluations per hour over the local one's, which
+  must be at least 0.9 (within 10 %);
 - with GPU judges (``--speedup-examples``), each example kernel (expert GEMM, expert MHA
   forward d128, naive GQA decode) evaluated a few times on each GPU of this machine directly
   (``LocalGPUEvaluator(device)``): the median speedup per device and the largest relative
@@ -62,6 +66,8 @@ from typing import Any
 
 from ptxgym import paths
 from ptxgym.env import PTXKernelEnv
+from ptxgym.evaluate.compile_only import CompileOnlyEvaluator
+from ptxgym.evaluate.evaluator import Evaluator
 from ptxgym.evaluate.judge import JudgeSettings
 from ptxgym.evaluate.local_gpu import LocalGPUEvaluator, gpu_of, incompatibility
 from ptxgym.evaluate.ray_actors import task_generation
@@ -72,6 +78,8 @@ from ptxgym.tasks import Task, get_task
 LEVEL_EVALUATIONS = 32
 # The share of linear scaling the largest pool must reach: two GPUs at least 1.8x one.
 SCALING_EFFICIENCY = 0.9
+# How much slower than the local evaluator one GPU behind the Ray pool may be (issue 29).
+LOCAL_EFFICIENCY = 0.9
 # How far apart the devices' median speedups of one example may be.
 SPEEDUP_TOLERANCE = 0.02
 # The examples whose speedups are compared across devices, with the task each solves.
@@ -165,6 +173,12 @@ def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
         help="builds each builder runs at once (default: 4, or the CPUs left if fewer)",
     )
     parser.add_argument(
+        "--local",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="also run the levels through the local evaluator, and compare one Ray GPU with it",
+    )
+    parser.add_argument(
         "--ray-address",
         default=None,
         help="a running cluster (auto, ray://HOST:PORT); default: a local one sized from "
@@ -251,7 +265,7 @@ class Level:
     are collected as each step ends, so a level cut short by a failure keeps what it did."""
 
     def __init__(
-        self, evaluator: RayEvaluator, task_id: str, source: str, label: str, steps: int
+        self, evaluator: Evaluator, task_id: str, source: str, label: str, steps: int
     ) -> None:
         self.evaluator = evaluator
         self.task_id = task_id
@@ -298,10 +312,9 @@ def run_level(
     steps: int,
     kill: bool = False,
 ) -> dict[str, Any]:
-    """``trajectories`` envs of ``steps`` steps each, at once; with ``kill``, a judge is killed
-    during the level and the pool's answers are checked."""
+    """``trajectories`` envs of ``steps`` steps each, at once, through the pool; with ``kill``,
+    a judge is killed during the level and the pool's answers are checked."""
     before = evaluator.stats()
-    level = Level(evaluator, task_id, source, label, steps)
     evaluations = trajectories * steps
     done = threading.Event()
     killed: dict[str, Any] = {}
@@ -311,27 +324,12 @@ def run_level(
             target=kill_a_judge, args=(evaluator, before.answered, evaluations, done, killed)
         )
         killer.start()
-    with ThreadPoolExecutor(max_workers=trajectories) as players:
-        futures = [players.submit(level.trajectory, index) for index in range(trajectories)]
-        errors = [exc for future in futures if (exc := future.exception()) is not None]
-    wall = time.perf_counter() - level.started
-    done.set()
-    if killer is not None:
-        killer.join()
-    records = level.records
-    result: dict[str, Any] = {
-        "trajectories": trajectories,
-        "steps": steps,
-        "evaluations": len(records),
-        "wall_s": wall,
-        "per_hour": len(records) / wall * 3600,
-        "after_first_answer_per_hour": after_first_answer_per_hour(records),
-        "p50_step_s": statistics.median(r["step_s"] for r in records) if records else None,
-        "statuses": dict(collections.Counter(r["status"] for r in records)),
-        "median_speedup": median_speedup(records),
-        "error": f"{type(errors[0]).__name__}: {errors[0]}" if errors else None,
-        "failed_trajectories": len(errors),
-    }
+    try:
+        result = play_level(evaluator, task_id, source, label, trajectories, steps)
+    finally:
+        done.set()
+        if killer is not None:
+            killer.join()
     if kill:
         wait_for_replacement(evaluator, before)
     after = evaluator.stats()
@@ -344,6 +342,32 @@ def run_level(
     if kill:
         result["kill"] = kill_check(result, evaluations, killed)
     return result
+
+
+def play_level(
+    evaluator: Evaluator, task_id: str, source: str, label: str, trajectories: int, steps: int
+) -> dict[str, Any]:
+    """``trajectories`` envs of ``steps`` steps each, at once, through ``evaluator``: what they
+    came to."""
+    level = Level(evaluator, task_id, source, label, steps)
+    with ThreadPoolExecutor(max_workers=trajectories) as players:
+        futures = [players.submit(level.trajectory, index) for index in range(trajectories)]
+        errors = [exc for future in futures if (exc := future.exception()) is not None]
+    wall = time.perf_counter() - level.started
+    records = level.records
+    return {
+        "trajectories": trajectories,
+        "steps": steps,
+        "evaluations": len(records),
+        "wall_s": wall,
+        "per_hour": len(records) / wall * 3600,
+        "after_first_answer_per_hour": after_first_answer_per_hour(records),
+        "p50_step_s": statistics.median(r["step_s"] for r in records) if records else None,
+        "statuses": dict(collections.Counter(r["status"] for r in records)),
+        "median_speedup": median_speedup(records),
+        "error": f"{type(errors[0]).__name__}: {errors[0]}" if errors else None,
+        "failed_trajectories": len(errors),
+    }
 
 
 def after_first_answer_per_hour(records: list[dict[str, Any]]) -> float | None:
@@ -604,6 +628,72 @@ def measure_pools(
             save()
 
 
+def measure_local(
+    args: argparse.Namespace, results: dict[str, Any], save: Callable[[], None]
+) -> None:
+    """Every level of ``--trajectories`` through the evaluator an env makes on its own host:
+    ``LocalGPUEvaluator`` with the GPU judges' concurrency (compile-only in a dry run), warmed
+    up by one step, so that its judge has built the workload state before a level is timed."""
+    task = get_task(args.task)
+    source = args.example.read_text(encoding="utf-8")
+    run_name = f"ray_scaling local {time.time_ns()}"
+    evaluator: Evaluator
+    if args.judge == "gpu":
+        evaluator = LocalGPUEvaluator(settings=JudgeSettings(concurrency=args.judge_concurrency))
+    else:
+        evaluator = CompileOnlyEvaluator()
+    try:
+        evaluator.evaluate(task, source)
+        for trajectories in args.trajectories:
+            steps = args.steps or math.ceil(LEVEL_EVALUATIONS / trajectories)
+            label = f"{run_name} {trajectories} trajectories"
+            try:
+                level = play_level(evaluator, args.task, source, label, trajectories, steps)
+            except Exception as exc:  # recorded; the run goes on
+                level = {"trajectories": trajectories, "error": f"{type(exc).__name__}: {exc}"}
+            results["local_levels"].append(level)
+            save()
+    finally:
+        evaluator.close()
+
+
+def against_local(
+    levels: list[dict[str, Any]], local_levels: list[dict[str, Any]], judge: str
+) -> list[dict[str, Any]]:
+    """At each trajectory count measured both ways, the one-GPU pool's evaluations per hour over
+    the local evaluator's, against ``LOCAL_EFFICIENCY``."""
+    pool = {
+        level["trajectories"]: level
+        for level in levels
+        if level.get("gpus") == 1 and level.get("error") is None
+    }
+    comparisons = []
+    for local in local_levels:
+        trajectories = local["trajectories"]
+        ray = pool.get(trajectories)
+        ratio = None
+        if ray is not None and local.get("error") is None:
+            ratio = ray["per_hour"] / local["per_hour"]
+        if ratio is None:
+            verdict = "no result"
+        elif judge != "gpu":
+            verdict = "dry run"
+        else:
+            verdict = "PASS" if ratio >= LOCAL_EFFICIENCY else "FAIL"
+        comparisons.append(
+            {
+                "trajectories": trajectories,
+                "local_per_hour": local.get("per_hour"),
+                "ray_per_hour": ray["per_hour"] if ray is not None else None,
+                "local_median_speedup": local.get("median_speedup"),
+                "ray_median_speedup": ray.get("median_speedup") if ray is not None else None,
+                "ratio": ratio,
+                "verdict": verdict,
+            }
+        )
+    return comparisons
+
+
 def measure_level(
     evaluator: RayEvaluator,
     task_id: str,
@@ -669,6 +759,23 @@ def report(results: dict[str, Any]) -> list[str]:
                 f"({ratio['largest_gpus']} GPUs) | {number(ratio['ratio'], '.2f')}x "
                 f"| {number(ratio['after_first_answer_ratio'], '.2f')}x "
                 f"| {ratio['required']:.2f}x | {ratio['verdict']} |"
+            )
+    if results["against_local"]:
+        lines += [
+            "",
+            "One GPU through the Ray pool against the local evaluator (LocalGPUEvaluator) at "
+            f"the same trajectories (required: at least {LOCAL_EFFICIENCY:.1f}x):",
+            "",
+            "| trajectories | local /h | Ray, 1 GPU /h | ratio | median speedup local | "
+            "median speedup Ray | verdict |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for row in results["against_local"]:
+            lines.append(
+                f"| {row['trajectories']} | {number(row['local_per_hour'], '.0f')} "
+                f"| {number(row['ray_per_hour'], '.0f')} | {number(row['ratio'], '.2f')}x "
+                f"| {number(row['local_median_speedup'], '.4f')} "
+                f"| {number(row['ray_median_speedup'], '.4f')} | {row['verdict']} |"
             )
     if "kill" in results:
         lines += ["", *kill_lines(results["kill"])]
@@ -757,7 +864,13 @@ def all_checks_hold(results: dict[str, Any]) -> bool:
     measured = all(pool["error"] is None for pool in results["pools"]) and all(
         level.get("error") is None for level in results["levels"]
     )
-    scaling = all(ratio["verdict"] in ("PASS", "dry run") for ratio in results["ratios"])
+    scaling = all(
+        row["verdict"] in ("PASS", "dry run")
+        for row in results["ratios"] + results.get("against_local", [])
+    )
+    measured = measured and all(
+        level.get("error") is None for level in results.get("local_levels", [])
+    )
     kill = "kill" not in results or results["kill"].get("kill", {}).get("passed", False)
     speedups = all(example["within_tolerance"] for example in results.get("speedups", []))
     return measured and scaling and kill and speedups
@@ -780,11 +893,15 @@ def main(argv: list[str] | None = None) -> int:
         "pools": [],
         "levels": [],
         "ratios": [],
+        "local_levels": [],
+        "against_local": [],
     }
 
     def save() -> None:
         out.write_text(json.dumps(results, indent=1), encoding="utf-8")
 
+    if args.trajectories and args.local:
+        measure_local(args, results, save)
     if args.trajectories:
         ray = connect_ray(args.ray_address, args.judge)
         try:
@@ -794,6 +911,7 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             ray.shutdown()
     results["ratios"] = scaling_ratios(results["levels"], args.gpus, args.trajectories, args.judge)
+    results["against_local"] = against_local(results["levels"], results["local_levels"], args.judge)
     save()
     compare_speedups = (
         args.judge == "gpu" if args.speedup_examples is None else args.speedup_examples

@@ -35,7 +35,7 @@ def load_benchmark() -> ModuleType:
 def test_the_dry_run_measures_every_level_and_survives_a_killed_judge(tmp_path: Path) -> None:
     out = tmp_path / "out"
     arguments = ["--out", str(out), "--judge", "compile-only", "--gpus", "1", "2"]
-    arguments += ["--trajectories", "2", "4", "--steps", "1"]
+    arguments += ["--trajectories", "2", "4", "--steps", "1", "--local"]
     # A process of its own: the script starts and shuts down its own Ray cluster. Two builds at
     # once (the build memory budget of a small machine allows one; these builds need far less).
     result = subprocess.run(
@@ -93,8 +93,19 @@ def test_the_dry_run_measures_every_level_and_survives_a_killed_judge(tmp_path: 
         assert ratio["verdict"] == "dry run"
     assert "speedups" not in results  # on by default only with GPU judges
 
+    # The same levels through the local (here compile-only) evaluator, and one Ray judge
+    # against it.
+    assert [level["trajectories"] for level in results["local_levels"]] == [2, 4]
+    assert all(level["statuses"] == {"COMPILED": level["trajectories"]}
+               for level in results["local_levels"])  # fmt: skip
+    assert [(row["trajectories"], row["verdict"]) for row in results["against_local"]] == [
+        (2, "dry run"),
+        (4, "dry run"),
+    ]
+
     markdown = (out / "ray_scaling.md").read_text(encoding="utf-8")
     assert markdown in result.stdout
+    assert "against the local evaluator" in markdown
     assert "evaluations per hour measure the builds" in markdown
     assert "Kill check" in markdown and "**PASS**" in markdown
 
@@ -139,3 +150,25 @@ def test_the_scaling_verdict_needs_ninety_percent_of_linear_and_both_levels() ->
     )
     assert four["required"] == pytest.approx(1.8) and four["verdict"] == "FAIL"
     assert benchmark.scaling_ratios(levels, [2], [16], "gpu") == []
+
+
+def test_one_ray_gpu_must_keep_ninety_percent_of_the_local_evaluators_rate() -> None:
+    benchmark = load_benchmark()
+    pool = [
+        {"gpus": 1, "trajectories": 16, "per_hour": 1700.0, "median_speedup": 0.92, "error": None},
+        {"gpus": 1, "trajectories": 32, "per_hour": 1500.0, "median_speedup": 0.92, "error": None},
+        {"gpus": 2, "trajectories": 16, "per_hour": 3300.0, "median_speedup": 0.92, "error": None},
+    ]
+    local = [
+        {"trajectories": 16, "per_hour": 1800.0, "median_speedup": 0.93, "error": None},
+        {"trajectories": 32, "per_hour": 1800.0, "median_speedup": 0.93, "error": None},
+        {"trajectories": 48, "error": "EvaluatorError: the judge died"},
+    ]
+    rows = benchmark.against_local(pool, local, "gpu")
+    assert [(row["trajectories"], row["verdict"]) for row in rows] == [
+        (16, "PASS"),  # 0.94
+        (32, "FAIL"),  # 0.83
+        (48, "no result"),
+    ]
+    assert rows[0]["ratio"] == pytest.approx(1700 / 1800)
+    assert benchmark.against_local(pool, local[:1], "compile-only")[0]["verdict"] == "dry run"
