@@ -367,6 +367,11 @@ def main() -> None:
         "(JudgeSettings.spare_tool_runs)",
     )
     parser.add_argument(
+        "--check-streams",
+        action="store_true",
+        help="the judge compares on a CUDA stream per thread (JudgeSettings.check_streams)",
+    )
+    parser.add_argument(
         "--unlocked-startups",
         action="store_true",
         help="workers and tool runs make their CUDA contexts without the GPU lock "
@@ -413,6 +418,7 @@ def main() -> None:
         concurrency=args.judge_concurrency,
         spare_workers=args.spare_workers,
         spare_tool_runs=args.spare_tool_runs,
+        check_streams=args.check_streams,
         lock_startups=not args.unlocked_startups,
         fork_workers=not args.spawn_workers,
         spare_profile_runs=args.spare_profile_runs,
@@ -519,7 +525,9 @@ def report(results: dict[str, Any]) -> None:
             f"workers {workers}; profile runs waiting "
             f"{results['settings']['spare_profile_runs']}; workers waiting "
             f"{results['settings']['spare_workers']}; tool runs waiting beyond one per "
-            f"evaluation {results['settings']['spare_tool_runs']}; judge concurrency "
+            f"evaluation {results['settings']['spare_tool_runs']}; comparisons on "
+            f"{'a stream per thread' if results['settings']['check_streams'] else 'one stream'}; "
+            f"judge concurrency "
             f"{results['settings']['concurrency']}; exclusive chain "
             f"{results['settings']['exclusive_chain_s']:g} s\n"
         )

@@ -4,6 +4,7 @@ own outcome, a crashing candidate among them fails alone, and every honest one p
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -25,7 +26,12 @@ WRONG = NAIVE_GEMM.replace(FMA, "acc[i][j] = fmaf(a[i], b[j] * 1.05f, acc[i][j])
 SETTINGS = JudgeSettings(stage_timeout_s=60.0, warmup=2, iters=5, trials=3, concurrency=4)
 
 
-def test_eight_envs_step_concurrently_and_each_gets_its_own_outcome() -> None:
+@pytest.mark.parametrize(
+    "check_streams", [False, True], ids=["default_stream", "a_stream_per_judge_thread"]
+)
+def test_eight_envs_step_concurrently_and_each_gets_its_own_outcome(check_streams: bool) -> None:
+    """Also with the judge comparing each thread's outputs on a stream of its own
+    (``JudgeSettings.check_streams``): every verdict stays the candidate's."""
     reason = incompatibility(GEMM)
     if reason is not None:
         pytest.skip(reason)
@@ -34,7 +40,7 @@ def test_eight_envs_step_concurrently_and_each_gets_its_own_outcome() -> None:
     honest = [f"{NAIVE_GEMM}\n// env {index}\n" for index in range(6)]
     expected = ["PASSED"] * 6 + ["RUNTIME_ERROR", "INCORRECT_NUMERICAL"]
     sources = [*honest, CRASHER, WRONG]
-    evaluator = LocalGPUEvaluator(settings=SETTINGS)
+    evaluator = LocalGPUEvaluator(settings=replace(SETTINGS, check_streams=check_streams))
     envs = [PTXKernelEnv("PTX-H100-GEMM", evaluator=evaluator) for _ in sources]
     for env in envs:
         env.reset(seed=0)
