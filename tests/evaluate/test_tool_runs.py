@@ -173,7 +173,10 @@ def test_a_crash_runs_memcheck_and_keeps_the_profile_waiting(judge: Judge, tmp_p
     sanitizers, profile = _finish(judge, tmp_path, Status.RUNTIME_ERROR)
     (memcheck,) = sanitizers
     assert memcheck.tool == "memcheck" and memcheck.ok and memcheck.clean
+    # The run's own account, and the judge's: writing the job, then waiting for the end.
+    judged = {key: memcheck.call_seconds.pop(key) for key in ("handover", "until_end")}
     assert memcheck.call_seconds == {"context": 0.5, "gpu_wait": 0.25, "gpu": 1.0}
+    assert all(seconds >= 0.0 for seconds in judged.values())
     assert profile is None
     (went,) = _marks(tmp_path, "went")
     assert went.name.startswith("compute-sanitizer-")
