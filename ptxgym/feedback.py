@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import fnmatch
 import re
 from collections import Counter
 
 from ptxgym.build.result import CompileResult
-from ptxgym.build.sass import SassInventory, matching_count
+from ptxgym.build.sass import SassInventory, matches_any, matching_count
 from ptxgym.evaluate.correctness import CheckReport
 from ptxgym.evaluate.profile import KernelFacts
 from ptxgym.evaluate.roofline import SpeedOfLight
@@ -177,7 +176,7 @@ def _qualification(outcome: Outcome, task: Task) -> list[str]:
             counts = ", ".join(
                 f"{opcode} {count:,} / {profile.warp_counts.get(opcode, 0):,}"
                 for opcode, count in sorted(profile.thread_counts.items())
-                if count > 0 and any(fnmatch.fnmatchcase(opcode, p) for p in patterns)
+                if count > 0 and matches_any(opcode, patterns)
             )
             lines.append(f"- {family.name}: executed ({counts})")
         elif in_sass.get(key):

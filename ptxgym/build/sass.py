@@ -125,6 +125,13 @@ class FunctionListing:
     targets: dict[int, str]
 
 
+def kept_listing(library: Path) -> str | None:
+    """The SASS listing kept beside ``library`` (``LISTING_FILE``, written by ``inventory``);
+    None when its build kept none."""
+    kept = library.with_name(LISTING_FILE)
+    return kept.read_text(encoding="utf-8", errors="replace") if kept.is_file() else None
+
+
 def target_addresses(
     library: Path, task: Task, modules: Collection[str] | None = None
 ) -> dict[str, FunctionListing]:
@@ -134,10 +141,8 @@ def target_addresses(
     ``module_listing``), which must not give one name to two different functions; without,
     functions of one name are merged. Raises ``RuntimeError`` when the library cannot be
     disassembled, or a name is ambiguous."""
-    kept = library.with_name(LISTING_FILE)
-    if kept.is_file():
-        listing = kept.read_text(encoding="utf-8", errors="replace")
-    else:
+    listing = kept_listing(library)
+    if listing is None:
         described, dumped, error = _dump(library)
         if dumped is None:
             raise RuntimeError(f"{described}: {error}")
@@ -166,7 +171,7 @@ def target_addresses(
         elif current is not None and (match := _ADDRESSED_RE.match(line)):
             offset, text, opcode = int(match.group(1), 16), match.group(2), match.group(3)
             sizes[current] = offset + _INSTRUCTION_BYTES
-            if any(fnmatchcase(opcode, pattern) for pattern in patterns):
+            if matches_any(opcode, patterns):
                 targets[current][offset] = " ".join(text.split())
     _keep_functions(found, sizes, targets, modules is not None)
     return found
@@ -325,14 +330,16 @@ def target_patterns(task: Task) -> tuple[str, ...]:
     )
 
 
+def matches_any(opcode: str, patterns: Iterable[str]) -> bool:
+    """Whether ``opcode`` matches one of the ``fnmatch`` patterns (case-sensitive, as SASS
+    opcodes are upper case)."""
+    return any(fnmatchcase(opcode, pattern) for pattern in patterns)
+
+
 def matching_count(opcodes: Mapping[str, int], patterns: Iterable[str]) -> int:
     """How many instructions have an opcode that matches one of the ``fnmatch`` patterns."""
     patterns = tuple(patterns)
-    return sum(
-        count
-        for opcode, count in opcodes.items()
-        if any(fnmatchcase(opcode, pattern) for pattern in patterns)
-    )
+    return sum(count for opcode, count in opcodes.items() if matches_any(opcode, patterns))
 
 
 def family_present(opcodes: Mapping[str, int], family: InstructionFamily) -> bool:

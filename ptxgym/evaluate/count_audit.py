@@ -14,9 +14,8 @@ as they were and says so.
 from __future__ import annotations
 
 from dataclasses import replace
-from fnmatch import fnmatchcase
 
-from ptxgym.build.sass import target_patterns
+from ptxgym.build.sass import matches_any, target_patterns
 from ptxgym.evaluate.profile import InstructionProfile
 from ptxgym.tasks import Task
 
@@ -32,11 +31,7 @@ def audited(
     patterns = target_patterns(task)
 
     def targets(counts: dict[str, int]) -> dict[str, int]:
-        return {
-            opcode: count
-            for opcode, count in counts.items()
-            if any(fnmatchcase(opcode, pattern) for pattern in patterns)
-        }
+        return {opcode: count for opcode, count in counts.items() if matches_any(opcode, patterns)}
 
     if not audit.ok:
         return replace(counted, audit=f"inconclusive: Nsight Compute failed ({audit.reason})")

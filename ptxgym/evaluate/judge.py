@@ -916,27 +916,27 @@ class _WorkerHolds:
             self.stages["gpu_wait"] = self.held.enter_context(
                 exclusive_gpu(self.device, self.chain_s)
             )
-            self.alone_from = self.shared_from = time.perf_counter()
+            self.alone_from = self.checks_from = time.perf_counter()
             return self
         self.stages["checks_gpu_wait"] = self.held.enter_context(shared_gpu(self.device))
-        self.shared_from = time.perf_counter()
+        self.checks_from = time.perf_counter()
         return self
 
     def alone(self) -> None:
         """Trade the shared hold for the GPU alone (a lock cannot be raised in place: another
-        shared holder may take the turn between)."""
+        shared holder may take the turn between); nothing to trade when the checks held it
+        alone already."""
+        self.stages["checks_gpu"] = time.perf_counter() - self.checks_from
         if self.checks_alone:
-            self.stages["checks_gpu"] = time.perf_counter() - self.shared_from
             return
         self.held.close()
-        self.stages["checks_gpu"] = time.perf_counter() - self.shared_from
         self.stages["gpu_wait"] = self.held.enter_context(exclusive_gpu(self.device, self.chain_s))
         self.alone_from = time.perf_counter()
 
     def __exit__(self, *exc: object) -> None:
         self.held.close()
         if self.alone_from is None:
-            self.stages["checks_gpu"] = time.perf_counter() - self.shared_from
+            self.stages["checks_gpu"] = time.perf_counter() - self.checks_from
         else:
             self.stages["worker_gpu"] = time.perf_counter() - self.alone_from
 

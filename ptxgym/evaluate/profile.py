@@ -34,7 +34,6 @@ import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -43,6 +42,7 @@ from ptxgym.build.sass import (
     FunctionListing,
     family_present,
     flops_per_warp,
+    matches_any,
     mnemonic,
     target_addresses,
 )
@@ -171,7 +171,7 @@ def matrix_instructions(
         (function, offset): text
         for function, where in listing.items()
         for offset, text in where.targets.items()
-        if any(fnmatchcase(mnemonic(text), pattern) for pattern in patterns)
+        if matches_any(mnemonic(text), patterns)
     }
 
 

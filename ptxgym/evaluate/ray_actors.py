@@ -33,7 +33,7 @@ from typing import Any, Literal
 
 from ptxgym import paths
 from ptxgym.build.result import DEFAULT_COMPILE_TIMEOUT_S, CompileResult
-from ptxgym.build.sass import LISTING_FILE
+from ptxgym.build.sass import LISTING_FILE, kept_listing
 from ptxgym.evaluate.build_step import build_candidate
 from ptxgym.evaluate.judge import JudgeSettings
 from ptxgym.evaluate.local_gpu import LocalGPUEvaluator, gpu_of
@@ -178,9 +178,7 @@ class Builder:
         if stopped is not None or build is None or build.library is None:
             return Built(stopped, build, seconds), b""
         library = Path(build.library)
-        kept = library.with_name(LISTING_FILE)
-        listing = kept.read_text(encoding="utf-8") if kept.is_file() else ""
-        return Built(None, build, seconds, listing), library.read_bytes()
+        return Built(None, build, seconds, kept_listing(library) or ""), library.read_bytes()
 
 
 class Judge:
@@ -234,12 +232,12 @@ class Judge:
             raise PoolError(f"{task.id}: the build's library did not arrive")
         # A folder per request: the listing is found beside its library by name.
         folder = Path(tempfile.mkdtemp(dir=self._scratch))
-        name = str(folder / "candidate.so")
+        candidate = folder / "candidate.so"
         try:
-            Path(name).write_bytes(library)
+            candidate.write_bytes(library)
             if listing:
                 (folder / LISTING_FILE).write_text(listing, encoding="utf-8")
-            here = replace(build, library=name)
+            here = replace(build, library=str(candidate))
             if self._evaluator is None:
                 return Outcome(
                     task_id=task.id,
