@@ -56,6 +56,9 @@ STAGES = (
     "gpu_wait",
     "timing",
     "worker_gpu",
+    "spares_start",
+    "tools_wait",
+    "arena_pin",
     "memcheck",
     "profile",
     "profile_read",
@@ -310,6 +313,9 @@ def run_level(
             statistics.stdev(speedups) / statistics.fmean(speedups) if len(speedups) > 1 else 0.0
         ),
         "speedups": speedups,
+        # Each evaluation's stage seconds, for what the medians above cannot tell (which
+        # stages grow together, where a tail comes from).
+        "stage_seconds": [r["stages"] for r in records],
         "latency_ms": statistics.median(r["latency_ms"] for r in records if r["latency_ms"]),
         "qualified": sorted({str(r["qualified"]) for r in records}),
         "unknown_profiles": dict(

@@ -74,6 +74,13 @@ _LOG_TAIL_CHARS = 2000
 # A worker's start (Python, torch, CUDA context, CUPTI) takes seconds, more on a busy host; it is
 # ours, not the candidate's, so it has its own deadline, independent of the stage timeout.
 _WORKER_START_TIMEOUT_S = 120.0
+# How long a worker's start, or an attempt whose judge-side GPU work (a workload state, a timed
+# call's references) found no device memory, is tried again, and the first pause between tries
+# (doubled each time, up to 4 s). Another evaluation's candidate may hold all of the memory for
+# as long as its worker lives (tests/hostile: cudamalloc_all), seconds.
+_MEMORY_WAIT_S = 60.0
+_MEMORY_PAUSE_S = 0.5
+_MEMORY_PAUSE_MAX_S = 4.0
 # How long the sanitizers' words wait for the profile to take the GPU first (it is waiting with
 # its CUDA context made, so this is normally milliseconds).
 _PROFILE_FIRST_WAIT_S = 10.0
@@ -211,10 +218,11 @@ class Verdict:
     profile: InstructionProfile | None = None
     seconds: float = 0.0
     # Wall seconds per stage: state, worker_start, checks_gpu_wait, correctness (of which
-    # correctness_compare, the judge's comparisons), checks_gpu, gpu_wait, timing, worker_gpu,
-    # count_audit, memcheck, racecheck, profile and profile_read, its report reading (only the
-    # stages that ran); shared_attempt when the verdict is a second attempt's; queued and judged
-    # (the judge's queue and the whole evaluation) when a judge server answered.
+    # correctness_compare, the judge's comparisons), arena_pin, checks_gpu, gpu_wait, timing,
+    # worker_gpu, spares_start, tools_wait, count_audit, memcheck, racecheck, profile and
+    # profile_read, its report reading (only the stages that ran); shared_attempt when the
+    # verdict is a second attempt's; queued and judged (the judge's queue and the whole
+    # evaluation) when a judge server answered.
     stage_seconds: dict[str, float] = field(default_factory=dict)
     # Which confinement steps took effect in the worker that ran the candidate.
     isolation: dict[str, bool] = field(default_factory=dict)
@@ -465,21 +473,32 @@ class Judge:
             worker = self.spares.pop(0) if self.spares else None
         if worker is None:
             worker = self._start_worker()
-        try:
-            worker.wait_ready(_WORKER_START_TIMEOUT_S)
-        except (channel.ChannelError, _Timeout, EOFError, OSError):
-            worker.kill()
-            worker = self._start_worker()
+        # A start that failed is tried once more; one whose CUDA context found no memory (a
+        # candidate of another evaluation, or another process, held all of it) again, after a
+        # pause, until _MEMORY_WAIT_S have passed: that is not this candidate's doing.
+        memory_deadline = time.monotonic() + _MEMORY_WAIT_S
+        pause = _MEMORY_PAUSE_S
+        attempt = 1
+        while True:
             try:
                 worker.wait_ready(_WORKER_START_TIMEOUT_S)
+                break
             except (channel.ChannelError, _Timeout, EOFError, OSError) as exc:
                 # Ours, not the candidate's: say what the worker said before it ended.
                 log = worker.log_tail()
                 worker.kill()
-                reason = "no answer in time" if isinstance(exc, _Timeout) else repr(exc)
-                raise WorkerStartError(
-                    f"a worker failed to start twice ({reason}); its output: {log or '(none)'}"
-                ) from exc
+                no_memory = _OUT_OF_MEMORY in log.lower()
+                if attempt >= 2 and not (no_memory and time.monotonic() < memory_deadline):
+                    reason = "no answer in time" if isinstance(exc, _Timeout) else repr(exc)
+                    raise WorkerStartError(
+                        f"a worker failed to start {attempt} times ({reason}); its output: "
+                        f"{log or '(none)'}"
+                    ) from exc
+                if no_memory:
+                    time.sleep(pause)
+                    pause = min(2 * pause, _MEMORY_PAUSE_MAX_S)
+                attempt += 1
+                worker = self._start_worker()
         if worker.timing_method != self.device_info["timing_method"]:
             # Speedups would compare two clocks: CUPTI's device time against a host-timed
             # candidate (a worker that cannot load CUPTI, e.g. under a read rule that misses
@@ -609,16 +628,45 @@ class Judge:
         candidate fails alone. The retry's verdict stands, with the first attempt's seconds
         (``shared_attempt``) in its stages. A hang in the checks costs one bound shared and one
         alone."""
-        verdict, ended_sharing = self._evaluate_once(task, library, language, checks_alone=False)
+        verdict, ended_sharing = self._attempt(task, library, language, checks_alone=False)
         if not _sharing_may_explain(verdict, ended_sharing):
             return verdict
         first = verdict.seconds
-        verdict, _ = self._evaluate_once(task, library, language, checks_alone=True)
+        verdict, _ = self._attempt(task, library, language, checks_alone=True)
         return replace(
             verdict,
             seconds=first + verdict.seconds,
             stage_seconds={**verdict.stage_seconds, "shared_attempt": first},
         )
+
+    def _attempt(
+        self, task: Task, library: str, language: str, checks_alone: bool
+    ) -> tuple[Verdict, bool]:
+        """``_evaluate_once``, made again after a pause while the judge's own GPU work finds no
+        device memory (torch's OutOfMemoryError, or CUDA's error from a launch or a handle),
+        for up to ``_MEMORY_WAIT_S``: not the candidate's doing, so no verdict of it. The
+        seconds waited are the verdict's ``judge_memory_wait`` stage."""
+        deadline = time.monotonic() + _MEMORY_WAIT_S
+        pause, waited = _MEMORY_PAUSE_S, 0.0
+        while True:
+            try:
+                verdict, ended_sharing = self._evaluate_once(task, library, language, checks_alone)
+            except RuntimeError as exc:  # both torch errors are RuntimeErrors
+                if (
+                    isinstance(exc, WorkerStartError)  # waited for memory already
+                    or _OUT_OF_MEMORY not in str(exc).lower()
+                    or time.monotonic() + pause > deadline
+                ):
+                    raise
+                self.torch.cuda.empty_cache()
+                time.sleep(pause)
+                waited += pause
+                pause = min(2 * pause, _MEMORY_PAUSE_MAX_S)
+                continue
+            if waited:
+                stages = {**verdict.stage_seconds, "judge_memory_wait": waited}
+                verdict = replace(verdict, stage_seconds=stages)
+            return verdict, ended_sharing
 
     def _evaluate_once(
         self, task: Task, library: str, language: str, checks_alone: bool
@@ -687,8 +735,13 @@ class Judge:
                         worker.kill()
             finally:
                 # Started after the timing, not during it; its start-up overlaps other work.
+                mark = time.perf_counter()
                 self._start_spares()
+                stages["spares_start"] = time.perf_counter() - mark
+            # From the worker's end to the tools' reports: how long the verdict waits on them.
+            mark = time.perf_counter()
             sanitizers, profile = self._finish_tools(tools, job, verdict.status, early)
+            stages["tools_wait"] = time.perf_counter() - mark
         except BaseException:
             for call in early.values():  # no verdict will want them
                 call.run.cancel()
@@ -842,6 +895,11 @@ class Judge:
         try:
             channel.send(worker.conn, job)
             arena.share(worker.conn, worker.process.pid)
+            # While the worker starts on its checks: the judge's copies of its outputs to the
+            # GPU, three of them inside the timing's hold alone, then go by DMA.
+            mark = time.perf_counter()
+            arena.pin()
+            stages["arena_pin"] = time.perf_counter() - mark
             conversation = Conversation(
                 task,
                 states,

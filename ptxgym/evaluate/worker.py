@@ -224,6 +224,8 @@ def worker_main(
     job, _ = channel.receive(conn)
     # The judge hands over a shared-memory region for the outputs right after the job.
     arena = channel.Arena.attach(conn, int(job["arena_bytes"])) if job.get("arena_bytes") else None
+    if arena is not None:
+        arena.pin()  # outputs copied into it by DMA (channel.Arena.pin); pageable if refused
     try:
         _serve(conn, job, timer, arena)
     except Exception as exc:  # the candidate broke the CUDA context, or raised through ctypes

@@ -20,6 +20,7 @@ names the same offsets without writing them finds zeros, not outputs it could pa
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import json
 import mmap
 import os
@@ -58,6 +59,8 @@ class Arena:
         self.buffer = mmap.mmap(descriptor, size) if size else None
         # (offset, bytes) of each tensor ``receive`` read here since the last ``wipe``.
         self.read_extents: list[tuple[int, int]] = []
+        # The region's address while CUDA has it page-locked (``pin``), else None.
+        self.pinned_at: int | None = None
 
     @classmethod
     def create(cls, size: int) -> Arena:
@@ -87,9 +90,32 @@ class Arena:
                 ).zero_()
         self.read_extents.clear()
 
+    def pin(self) -> bool:
+        """Page-lock this process's mapping of the region for CUDA (``cudaHostRegister``), so
+        that copies between it and the GPU are direct DMA rather than staged through a bounce
+        buffer: several times faster for the 128-MB outputs of a GEMM, whose copies the judge
+        and the worker make while the GPU is held. Each side pins its own mapping; a refusal
+        leaves the region pageable (slower copies, the same bytes). Whether it is pinned."""
+        import torch
+
+        if self.buffer is None or self.pinned_at is not None or not torch.cuda.is_available():
+            return self.pinned_at is not None
+        view = ctypes.c_char.from_buffer(self.buffer)
+        address = ctypes.addressof(view)
+        del view  # the mapping must stay closable: keep the address, not an export of it
+        if int(torch.cuda.cudart().cudaHostRegister(address, self.size, 0)) != 0:
+            return False
+        self.pinned_at = address
+        return True
+
     def close(self) -> None:
-        """Close the descriptor and unmap; a mapping still viewed by tensors is unmapped when
-        the last of them goes."""
+        """Unpin, close the descriptor and unmap; a mapping still viewed by tensors is unmapped
+        when the last of them goes."""
+        if self.pinned_at is not None:
+            import torch
+
+            torch.cuda.cudart().cudaHostUnregister(self.pinned_at)
+            self.pinned_at = None
         if self.buffer is not None:
             with contextlib.suppress(BufferError):
                 self.buffer.close()

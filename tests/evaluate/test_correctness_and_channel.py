@@ -154,6 +154,47 @@ def test_outputs_cross_processes_through_the_arena() -> None:
     arena.close()
 
 
+def _send_from_the_gpu_through_a_pinned_arena(conn: Connection, size: int) -> None:
+    """A worker's side on a GPU: pin its mapping of the arena, send CUDA outputs through it."""
+    arena = channel.Arena.attach(conn, size)
+    assert arena.pin() and arena.pinned_at is not None
+    outputs = {"O": torch.arange(1 << 20, device="cuda", dtype=torch.float32)}
+    channel.send(conn, {"kind": "check"}, outputs, arena)
+    conn.recv_bytes()
+    arena.close()
+    assert arena.pinned_at is None
+
+
+@pytest.mark.gpu
+def test_a_pinned_arena_carries_gpu_outputs_both_ways() -> None:
+    parent, child = multiprocessing.get_context("spawn").Pipe()
+    size = channel.arena_bytes([4 << 20])
+    arena = channel.Arena.create(size)
+    worker = multiprocessing.get_context("spawn").Process(
+        target=_send_from_the_gpu_through_a_pinned_arena, args=(child, size)
+    )
+    worker.start()
+    arena.share(parent, worker.pid)
+    assert arena.pin()
+    _, tensors = channel.receive(parent, arena)
+    on_gpu = tensors["O"].to("cuda")
+    del tensors
+    arena.wipe()
+    parent.send_bytes(b"continue")
+    assert bool((on_gpu == torch.arange(1 << 20, device="cuda", dtype=torch.float32)).all())
+    worker.join(timeout=60)
+    assert worker.exitcode == 0
+    arena.close()
+    assert arena.pinned_at is None
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="what a machine without CUDA does")
+def test_without_cuda_an_arena_stays_pageable_and_works() -> None:
+    arena = channel.Arena.create(channel.arena_bytes([512]))
+    assert not arena.pin() and arena.pinned_at is None
+    arena.close()
+
+
 def test_a_message_too_big_for_the_arena_is_refused_by_the_sender() -> None:
     arena = channel.Arena.create(channel.arena_bytes([16]))
     left, _ = multiprocessing.Pipe()

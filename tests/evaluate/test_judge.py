@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import re
 import sys
 import time
 from dataclasses import replace
@@ -105,9 +106,45 @@ def test_a_worker_that_cannot_start_fails_the_request_with_its_own_words(
     judge.device, judge.folder, judge.spares = 0, tmp_path / "judge", []
     judge.settings = JudgeSettings()
     judge._mutex = threading.Lock()
-    with pytest.raises(WorkerStartError, match=r"failed to start twice.*Error 304"):
+    with pytest.raises(WorkerStartError, match=r"failed to start 2 times.*Error 304"):
         judge._take_worker()
     assert not list((tmp_path / "judge").glob("worker-*"))  # both workers cleaned up
+
+
+def _worker_without_memory(
+    conn: object, device: int, log_path: str, home: str, gpu_lock: str, use_cupti: bool
+) -> None:
+    """Stands in for ``worker_main`` while another process holds all of the GPU's memory."""
+    import os
+
+    with open(log_path, "a") as log:
+        log.write("torch.AcceleratorError: CUDA error: out of memory\n")
+    os._exit(1)
+
+
+def test_a_worker_whose_context_finds_no_memory_is_started_again_until_a_deadline(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import multiprocessing
+    import threading
+
+    monkeypatch.setenv("PTXGYM_LOCK_DIR", str(tmp_path / "locks"))
+    monkeypatch.setattr(judge_module, "worker_main", _worker_without_memory)
+    monkeypatch.setattr(judge_module, "_MEMORY_WAIT_S", 1.0)
+    monkeypatch.setattr(judge_module, "_MEMORY_PAUSE_S", 0.1)
+    judge = Judge.__new__(Judge)
+    judge.context = multiprocessing.get_context("fork")
+    judge.device, judge.folder, judge.spares = 0, tmp_path / "judge", []
+    judge.settings = JudgeSettings()
+    judge._mutex = threading.Lock()
+    started = time.monotonic()
+    with pytest.raises(WorkerStartError, match=r"failed to start (\d+) times") as raised:
+        judge._take_worker()
+    # Pauses of 0.1, 0.2, 0.4 and 0.8 s fit before the deadline: more than the usual two tries.
+    attempts = int(re.search(r"start (\d+) times", str(raised.value)).group(1))  # type: ignore[union-attr]
+    assert attempts >= 3 and time.monotonic() - started >= 1.0
+    assert "out of memory" in str(raised.value)
+    assert not list((tmp_path / "judge").glob("worker-*"))
 
 
 def test_workload_states_are_kept_within_the_memory_budget(
@@ -474,3 +511,33 @@ def test_a_failure_that_sharing_may_explain_is_judged_again_alone(
     else:
         assert attempts == [False]
         assert verdict.status is first.status
+
+
+def test_an_attempt_whose_judge_side_work_finds_no_memory_is_made_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import types
+
+    monkeypatch.setattr(judge_module, "_MEMORY_PAUSE_S", 0.01)
+    judge = Judge.__new__(Judge)  # no GPU: the attempt itself is a stand-in
+    judge.torch = types.SimpleNamespace(cuda=types.SimpleNamespace(empty_cache=lambda: None))
+    failures = [RuntimeError("CUDA error: out of memory") for _ in range(2)]
+
+    def attempt(*args: object, **kwargs: object) -> tuple[Verdict, bool]:
+        if failures:
+            raise failures.pop(0)
+        return Verdict(Status.PASSED, "correct"), False
+
+    monkeypatch.setattr(judge, "_evaluate_once", attempt)
+    verdict = judge.evaluate(get_task("PTX-H100-GEMM"), "candidate.so")
+    assert verdict.status is Status.PASSED
+    assert verdict.stage_seconds["judge_memory_wait"] == pytest.approx(0.03)
+
+    # Any other error of the judge's is raised at once, as is one that outlasts the wait.
+    failures.append(RuntimeError("CUDA error: an illegal memory access was encountered"))
+    with pytest.raises(RuntimeError, match="illegal memory access"):
+        judge.evaluate(get_task("PTX-H100-GEMM"), "candidate.so")
+    monkeypatch.setattr(judge_module, "_MEMORY_WAIT_S", 0.0)
+    failures.append(RuntimeError("CUDA error: out of memory"))
+    with pytest.raises(RuntimeError, match="out of memory"):
+        judge.evaluate(get_task("PTX-H100-GEMM"), "candidate.so")
