@@ -3,9 +3,9 @@
 Run on a GPU host: ``python benchmarks/agent_overlap.py --out DIR [--delay 10] [--concurrency 8]``.
 A local OpenAI-compatible server (tests/chat_server.py) answers every request after ``--delay``
 seconds with the task's naive or expert example kernel (a broken one now and then), and
-``ptxgym.bench.runner.run`` plays 3 tasks × 3 prompt variants × 1 trajectory × 4 turns with the
-``gpu`` evaluator and ``--concurrency`` episodes at once (about 4 minutes on the H200; twice
-that with ``--trajectories 2``, over one device call's 10 minutes). Measured, from the records:
+``ptxgym.bench.runner.run`` plays 3 tasks × 3 prompt variants × 2 trajectories × 4 turns with the
+``gpu`` evaluator and ``--concurrency`` episodes at once: about 8 to 9 minutes on the H200 (57 of
+its 72 turns took 394 s), so give it a device call of its own. Measured, from the records:
 the share of the run's wall time, after the first reply arrived, during which at least one
 evaluation (an ``env.step``) was under way; the report's per-model table and the Fast_p plot it
 produced.
@@ -83,7 +83,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("benchmarks/out"))
     parser.add_argument("--delay", type=float, default=10.0, help="seconds per reply")
     parser.add_argument("--concurrency", type=int, default=8)
-    parser.add_argument("--trajectories", type=int, default=1)
+    parser.add_argument("--trajectories", type=int, default=2)
     parser.add_argument("--turns", type=int, default=4)
     parser.add_argument("--evaluator", default="gpu", help="gpu (the measurement) or compile-only")
     args = parser.parse_args()

@@ -81,6 +81,8 @@ _WORKER_START_TIMEOUT_S = 120.0
 _MEMORY_WAIT_S = 60.0
 _MEMORY_PAUSE_S = 0.5
 _MEMORY_PAUSE_MAX_S = 4.0
+# Below this much free device memory a worker's start is taken to have failed for want of it.
+_WORKER_MEMORY_BYTES = 1 << 30
 # How long the sanitizers' words wait for the profile to take the GPU first (it is waiting with
 # its CUDA context made, so this is normally milliseconds).
 _PROFILE_FIRST_WAIT_S = 10.0
@@ -473,44 +475,54 @@ class Judge:
             worker = self.spares.pop(0) if self.spares else None
         if worker is None:
             worker = self._start_worker()
-        # A start that failed is tried once more; one whose CUDA context found no memory (a
-        # candidate of another evaluation, or another process, held all of it) again, after a
-        # pause, until _MEMORY_WAIT_S have passed: that is not this candidate's doing.
+        # A start that failed is tried once more. One that failed for want of device memory (a
+        # candidate of another evaluation, or another process, held all of it: its CUDA context
+        # or CUPTI could not start) again, after a pause, until _MEMORY_WAIT_S have passed: that
+        # is not this candidate's doing.
         memory_deadline = time.monotonic() + _MEMORY_WAIT_S
         pause = _MEMORY_PAUSE_S
         attempt = 1
         while True:
-            try:
-                worker.wait_ready(_WORKER_START_TIMEOUT_S)
-                break
-            except (channel.ChannelError, _Timeout, EOFError, OSError) as exc:
-                # Ours, not the candidate's: say what the worker said before it ended.
-                log = worker.log_tail()
-                worker.kill()
-                no_memory = _OUT_OF_MEMORY in log.lower()
-                if attempt >= 2 and not (no_memory and time.monotonic() < memory_deadline):
-                    reason = "no answer in time" if isinstance(exc, _Timeout) else repr(exc)
-                    raise WorkerStartError(
-                        f"a worker failed to start {attempt} times ({reason}); its output: "
-                        f"{log or '(none)'}"
-                    ) from exc
-                if no_memory:
-                    time.sleep(pause)
-                    pause = min(2 * pause, _MEMORY_PAUSE_MAX_S)
-                attempt += 1
-                worker = self._start_worker()
+            problem = self._start_problem(worker)
+            if problem is None:
+                return worker
+            # Ours, not the candidate's: say what the worker said before it ended.
+            log = worker.log_tail()
+            worker.kill()
+            no_memory = _OUT_OF_MEMORY in log.lower() or self._memory_short()
+            if attempt >= 2 and not (no_memory and time.monotonic() < memory_deadline):
+                raise WorkerStartError(
+                    f"{problem} ({attempt} starts); its output: {log or '(none)'}"
+                )
+            if no_memory:
+                time.sleep(pause)
+                pause = min(2 * pause, _MEMORY_PAUSE_MAX_S)
+            attempt += 1
+            worker = self._start_worker()
+
+    def _start_problem(self, worker: _Worker) -> str | None:
+        """Why ``worker`` cannot take a job (None when it can)."""
+        try:
+            worker.wait_ready(_WORKER_START_TIMEOUT_S)
+        except _Timeout:
+            return "a worker failed to start (no answer in time)"
+        except (channel.ChannelError, EOFError, OSError) as exc:
+            return f"a worker failed to start ({exc!r})"
         if worker.timing_method != self.device_info["timing_method"]:
             # Speedups would compare two clocks: CUPTI's device time against a host-timed
             # candidate (a worker that cannot load CUPTI, e.g. under a read rule that misses
-            # its folder). Ours, not the candidate's: no verdict at all.
-            log = worker.log_tail()
-            worker.kill()
-            raise WorkerStartError(
+            # its folder, or with no device memory left for its buffers).
+            return (
                 f"a worker times candidates with {worker.timing_method or 'nothing'}, but this "
-                f"judge times baselines with {self.device_info['timing_method']}; its output: "
-                f"{log or '(none)'}"
+                f"judge times baselines with {self.device_info['timing_method']}"
             )
-        return worker
+        return None
+
+    def _memory_short(self) -> bool:
+        """Whether the GPU has less free memory than a worker needs to start (its CUDA
+        context, CUPTI's buffers): someone else holds nearly all of it."""
+        free, _ = self.torch.cuda.mem_get_info(self.device)
+        return bool(free < _WORKER_MEMORY_BYTES)
 
     def check_stream(self) -> contextlib.AbstractContextManager[object]:
         """Where the calling thread's comparisons run: its own CUDA stream

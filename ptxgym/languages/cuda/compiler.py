@@ -58,11 +58,16 @@ from ptxgym.tasks.packs import pack_header_name
 MAX_CACHED_BUILDS = 4000
 MAX_CACHED_BYTES = 8 << 30
 # Bump when the build recipe or the result record changes, to invalidate cached results (6: the
-# log rebuilt from the submission's own diagnostics; logs cached before could quote host files).
-_RECIPE_VERSION = "6"
+# log rebuilt from the submission's own diagnostics; logs cached before could quote host files;
+# 7: the compilers' memory limit halved, which a failure's message names).
+_RECIPE_VERSION = "7"
 # Per compiler process: stops template/constexpr bombs. It is also what one build may commit, in
-# the machine's build memory budget (ptxgym.build.budget).
-_MEMORY_LIMIT_BYTES = 8 << 30
+# the machine's build memory budget (ptxgym.build.budget), so it sets how many builds run at
+# once: 8 GiB gave the H200 host (128 GiB) 8, for 16 trajectories, whose steps then waited for
+# a slot (docs/benchmarks.md, seventeenth session). Every example, the expert attention kernel
+# and the naive backward among them, builds within a 1-GiB address space (peak resident set
+# 0.2 GB), so 4 GiB keeps four times that.
+_MEMORY_LIMIT_BYTES = 4 << 30
 # The largest object or library a build may keep. The examples' libraries are 1.0-1.3 MB, 1 MB of
 # which is the static CUDA runtime, and an FA3-class kernel is a few MB; a large initialised
 # array (host or device) is what goes past it, and belongs in memory filled at run time.
