@@ -24,7 +24,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from multiprocessing.connection import Connection
@@ -68,6 +68,7 @@ from ptxgym.languages.base import ENTRY_C_ABI
 from ptxgym.outcome import Status
 from ptxgym.sandbox import channel
 from ptxgym.tasks import Task, WorkloadSpec
+from ptxgym.tasks.schema import TensorSpec
 
 _random = random.SystemRandom()  # which timed calls are checked: not predictable from outside
 _LOG_TAIL_CHARS = 2000
@@ -644,12 +645,38 @@ class Judge:
         if not _sharing_may_explain(verdict, ended_sharing):
             return verdict
         first = verdict.seconds
+        # Another evaluation's candidate may still hold the memory (its worker keeps what it
+        # took until it is gone), and holding the GPU alone does not free it.
+        waited = self._wait_for_memory(task) if verdict.status is not Status.TIMEOUT else 0.0
         verdict, _ = self._attempt(task, library, language, checks_alone=True)
         return replace(
             verdict,
-            seconds=first + verdict.seconds,
-            stage_seconds={**verdict.stage_seconds, "shared_attempt": first},
+            seconds=first + waited + verdict.seconds,
+            stage_seconds={
+                **verdict.stage_seconds,
+                "shared_attempt": first,
+                **({"memory_wait": waited} if waited else {}),
+            },
         )
+
+    def _wait_for_memory(self, task: Task) -> float:
+        """Wait, up to ``_MEMORY_WAIT_S``, until the GPU has free what the candidate's inputs
+        and outputs take, twice over, plus what a worker needs to start; the seconds waited."""
+        try:
+            needed = _WORKER_MEMORY_BYTES + 2 * max(
+                _tensor_bytes(task, w, {**task.definition.inputs, **task.definition.outputs})
+                for w in task.workloads
+            )
+        except (KeyError, ValueError):  # an axis only a workload's data gives: a worker's start
+            needed = _WORKER_MEMORY_BYTES
+        waited, pause = 0.0, _MEMORY_PAUSE_S
+        while self.torch.cuda.mem_get_info(self.device)[0] < needed:
+            if waited + pause > _MEMORY_WAIT_S:
+                break
+            time.sleep(pause)
+            waited += pause
+            pause = min(2 * pause, _MEMORY_PAUSE_MAX_S)
+        return waited
 
     def _attempt(
         self, task: Task, library: str, language: str, checks_alone: bool
@@ -1381,13 +1408,18 @@ def _how_it_ended(worker: _Worker) -> str:
 
 def _output_bytes(task: Task, workload: WorkloadSpec) -> int:
     """Bytes of the task's outputs for ``workload``, as laid out in an arena."""
+    return _tensor_bytes(task, workload, task.definition.outputs)
+
+
+def _tensor_bytes(task: Task, workload: WorkloadSpec, specs: Mapping[str, TensorSpec]) -> int:
+    """Bytes of the tensors ``specs`` for ``workload``, each at an arena's alignment."""
     import torch
 
     axes = task.axis_values(workload)
     return channel.arena_bytes(
         [
             math.prod(axes[axis] for axis in spec.shape) * getattr(torch, spec.dtype).itemsize
-            for spec in task.definition.outputs.values()
+            for spec in specs.values()
         ]
     )
 

@@ -507,6 +507,8 @@ def test_a_failure_that_sharing_may_explain_is_judged_again_alone(
     memory missing, could be another candidate's doing, so it is tried once more with the
     checks holding the GPU alone, whose verdict stands; any other failure is final."""
     judge = object.__new__(Judge)
+    judge.device = 0
+    judge.torch = _torch_with_free_memory(64 << 30)
     attempts: list[bool] = []
     alone = Verdict(Status.PASSED, "correct", seconds=2.0, stage_seconds={"worker_gpu": 1.0})
 
@@ -553,3 +555,27 @@ def test_an_attempt_whose_judge_side_work_finds_no_memory_is_made_again(
     failures.append(RuntimeError("CUDA error: out of memory"))
     with pytest.raises(RuntimeError, match="out of memory"):
         judge.evaluate(get_task("PTX-H100-GEMM"), "candidate.so")
+
+
+def test_a_retry_for_want_of_memory_waits_until_the_gpu_has_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Holding the GPU alone frees no memory that another candidate's worker still holds: the
+    retry waits until the inputs and outputs fit (twice over) beside a worker's start."""
+    import types
+
+    monkeypatch.setattr(judge_module, "_MEMORY_PAUSE_S", 0.01)
+    judge = object.__new__(Judge)
+    judge.device = 0
+    free = [100 << 20, 100 << 20, 64 << 30]  # two looks find 100 MB free, the third plenty
+    cuda = types.SimpleNamespace(mem_get_info=lambda device: (free.pop(0), 80 << 30))
+    judge.torch = types.SimpleNamespace(cuda=cuda)
+    oom = Verdict(Status.RUNTIME_ERROR, "CUDA error: out of memory", seconds=1.0)
+
+    def once(task: Task, library: str, language: str, checks_alone: bool) -> tuple[Verdict, bool]:
+        return (Verdict(Status.PASSED, "correct"), False) if checks_alone else (oom, True)
+
+    judge._evaluate_once = once  # type: ignore[method-assign]
+    verdict = judge.evaluate(GEMM, "candidate.so")
+    assert verdict.status is Status.PASSED and not free
+    assert verdict.stage_seconds["memory_wait"] == pytest.approx(0.03)
