@@ -82,34 +82,40 @@ def test_only_the_end_of_a_huge_worker_log_is_read(tmp_path: Path) -> None:
     assert len(tail) <= 2000
 
 
-def _broken_worker(
-    conn: object, device: int, log_path: str, home: str, gpu_lock: str, use_cupti: bool
-) -> None:
-    """Stands in for ``worker_main`` on a host where CUDA cannot start in the worker."""
-    import os
+def _worker_that_says(line: str) -> Any:
+    """A stand-in for ``worker_main`` that writes ``line`` to its log and ends before it is
+    ready."""
 
-    with open(log_path, "a") as log:
-        log.write("RuntimeError: cudaGetDeviceCount(): Error 304: OS call failed\n")
-    os._exit(1)
+    def worker(
+        conn: object, device: int, log_path: str, home: str, gpu_lock: str, use_cupti: bool
+    ) -> None:
+        import os
+
+        with open(log_path, "a") as log:
+            log.write(line + "\n")
+        os._exit(1)
+
+    return worker
 
 
-def test_a_worker_that_cannot_start_fails_the_request_with_its_own_words(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+# A host where CUDA cannot start in the worker, and one whose GPU memory someone else holds.
+_broken_worker = _worker_that_says("RuntimeError: cudaGetDeviceCount(): Error 304: OS call failed")
+_worker_without_memory = _worker_that_says("torch.AcceleratorError: CUDA error: out of memory")
+
+
+def _judge_starting_workers(tmp_path: Path, free_memory: int) -> Judge:
+    """A judge with no CUDA of its own (only its worker starts are exercised) whose GPU has
+    ``free_memory`` bytes free; forked workers, so that a stand-in reaches the child."""
     import multiprocessing
     import threading
 
-    monkeypatch.setenv("PTXGYM_LOCK_DIR", str(tmp_path / "locks"))
-    monkeypatch.setattr(judge_module, "worker_main", _broken_worker)
-    judge = Judge.__new__(Judge)  # no CUDA: only the worker start is exercised
-    judge.context = multiprocessing.get_context("fork")  # the stand-in reaches the child
+    judge = Judge.__new__(Judge)
+    judge.context = multiprocessing.get_context("fork")
     judge.device, judge.folder, judge.spares = 0, tmp_path / "judge", []
     judge.settings = JudgeSettings()
     judge._mutex = threading.Lock()
-    judge.torch = _torch_with_free_memory(8 << 30)
-    with pytest.raises(WorkerStartError, match=r"failed to start.*\(2 starts\).*Error 304"):
-        judge._take_worker()
-    assert not list((tmp_path / "judge").glob("worker-*"))  # both workers cleaned up
+    judge.torch = _torch_with_free_memory(free_memory)
+    return judge
 
 
 def _torch_with_free_memory(free: int) -> Any:
@@ -120,35 +126,27 @@ def _torch_with_free_memory(free: int) -> Any:
     return types.SimpleNamespace(cuda=cuda)
 
 
-def _worker_without_memory(
-    conn: object, device: int, log_path: str, home: str, gpu_lock: str, use_cupti: bool
+def test_a_worker_that_cannot_start_fails_the_request_with_its_own_words(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Stands in for ``worker_main`` while another process holds all of the GPU's memory."""
-    import os
-
-    with open(log_path, "a") as log:
-        log.write("torch.AcceleratorError: CUDA error: out of memory\n")
-    os._exit(1)
+    monkeypatch.setenv("PTXGYM_LOCK_DIR", str(tmp_path / "locks"))
+    monkeypatch.setattr(judge_module, "worker_main", _broken_worker)
+    judge = _judge_starting_workers(tmp_path, 8 << 30)
+    with pytest.raises(WorkerStartError, match=r"failed to start.*\(2 starts\).*Error 304"):
+        judge._take_worker()
+    assert not list((tmp_path / "judge").glob("worker-*"))  # both workers cleaned up
 
 
 def test_a_worker_that_finds_no_memory_is_started_again_until_a_deadline(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import multiprocessing
-    import threading
-
     monkeypatch.setenv("PTXGYM_LOCK_DIR", str(tmp_path / "locks"))
     monkeypatch.setattr(judge_module, "_MEMORY_WAIT_S", 1.0)
     monkeypatch.setattr(judge_module, "_MEMORY_PAUSE_S", 0.1)
-    judge = Judge.__new__(Judge)
-    judge.context = multiprocessing.get_context("fork")
-    judge.device, judge.folder, judge.spares = 0, tmp_path / "judge", []
-    judge.settings = JudgeSettings()
-    judge._mutex = threading.Lock()
     for stand_in, free in ((_worker_without_memory, 8 << 30), (_broken_worker, 100 << 20)):
         # Out of memory in its own words, or the GPU nearly full whatever it said.
         monkeypatch.setattr(judge_module, "worker_main", stand_in)
-        judge.torch = _torch_with_free_memory(free)
+        judge = _judge_starting_workers(tmp_path, free)
         started = time.monotonic()
         with pytest.raises(WorkerStartError, match=r"\((\d+) starts\)") as raised:
             judge._take_worker()
