@@ -3,7 +3,8 @@
 # a bare GPU host that has none (its image already holds PyTorch, Triton, NumPy, CUDA's Python
 # bindings, NVML's binding, matplotlib, tqdm, PyYAML, aiohttp, grpcio and the like). Usage:
 #   scripts/carry_wheels.sh         # .whl/: ptxgym's own needs, CUPTI, FlashInfer, the LLM client
-#   scripts/carry_wheels.sh ray     # .whl-ray/: Ray without its Java jars, carried in a call of its own
+#   scripts/carry_wheels.sh ray     # .whl-ray/: Ray without its Java jars and the same set without
+#                                   # FlashInfer, carried alone in a call of its own
 # Wheels are for the GPU host's Python (3.12, x86-64), not this machine's. --no-deps throughout:
 # the lists below name every package the host lacks, so nothing it already has is replaced.
 set -euo pipefail
@@ -21,20 +22,24 @@ download() {  # folder, then requirements
     --platform manylinux2014_x86_64 --platform any -d "$folder" "$@"
 }
 
+# ptxgym's own needs, CUPTI's binding and the LLM client: every call's set.
+common=(gymnasium farama-notifications 'pydantic>=2.6,<3' pydantic-core annotated-types
+  typing-inspection typing-extensions idna 'cupti-python>=13.0,<13.1' pyelftools lizard radon
+  'mando<0.8' openai httpx2 httpcore2 truststore jiter sniffio 'anyio>=4.10')
 case $what in
   base)
     # cupti-python stays at 13.0.x: 13.4 asks for CUPTI 13.4, newer than the host's CUDA 13.0.
     # FlashInfer's decode and prefill need apache-tvm-ffi; its cuDNN and CuTe-DSL back ends,
     # which the baselines do not use, are left behind (together over 60 MB).
-    download .whl gymnasium farama-notifications 'pydantic>=2.6,<3' pydantic-core annotated-types \
-      typing-inspection typing-extensions idna 'cupti-python>=13.0,<13.1' pyelftools \
-      flashinfer-python==0.6.13 apache-tvm-ffi lizard radon 'mando<0.8' \
-      openai httpx2 httpcore2 truststore jiter sniffio 'anyio>=4.10'
+    download .whl "${common[@]}" flashinfer-python==0.6.13 apache-tvm-ffi
     ;;
   ray)
     # Ray's wheel (~79 MB) is over what one device call carries (64 MiB): its Java jars, which a
-    # Python-only cluster never loads, come out, and the wheel's RECORD with them.
-    download .whl-ray 'ray>=2.40' jsonschema jsonschema-specifications referencing rpds-py
+    # Python-only cluster never loads, come out, and the wheel's RECORD with them. The common
+    # set comes too, without FlashInfer (its GQA baselines are not what the Ray runs time), so
+    # that .whl-ray alone (about 55 MB) is a call's whole carry.
+    download .whl-ray 'ray>=2.40' jsonschema jsonschema-specifications referencing rpds-py \
+      "${common[@]}"
     wheel=$(ls .whl-ray/ray-*.whl)
     unpacked=$(mktemp -d)
     (cd "$unpacked" && python3 -m zipfile -e "$OLDPWD/$wheel" . && rm -rf ray/jars &&
