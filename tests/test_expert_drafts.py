@@ -14,6 +14,7 @@ from ptxgym.tasks import get_task
 
 DRAFTS = Path(__file__).resolve().parents[1] / "examples" / "expert" / "drafts"
 TASKS = {
+    "gemm_cluster.cu": "PTX-H100-GEMM",
     "mha_fwd_causal_d128.cu": "PTX-H100-MHAFwdCausal-d128",
     "mha_fwd_d64.cu": "PTX-H100-MHAFwd-d64",
     "mha_fwd_d96.cu": "PTX-H100-MHAFwd-d96",
