@@ -265,7 +265,8 @@ def count_candidate(
     return PendingCount(device=device).finish(job, timeout_s)
 
 
-SELF_TEST_KERNELS = Path(__file__).with_name("self_test")
+# Data, not a Python package: a folder name no import could take.
+SELF_TEST_KERNELS = Path(__file__).with_name("self-test")
 # What the self-test counts: with M rows, M / 64 warpgroups each execute one wgmma (4 warp-level
 # HGMMA), and a wgmma on a branch no launch takes executes none.
 _SELF_TEST_AXES = {"M": 128, "N": 128, "K": 64}

@@ -2,7 +2,7 @@
 what the test kernels issue and against Nsight Compute's counts of the same call.
 
 One m64n64k16 wgmma per warpgroup is 4 warp-level HGMMA (128 predicated-on threads); one TMA load
-is 1 per block (ptxgym/evaluate/self_test/wgmma_tma.cu, as tests/gpu/test_gpu_profile.py checks
+is 1 per block (ptxgym/evaluate/self-test/wgmma_tma.cu, as tests/gpu/test_gpu_profile.py checks
 with ncu).
 """
 
