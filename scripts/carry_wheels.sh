@@ -31,16 +31,16 @@ case $what in
     # cupti-python stays at 13.0.x: 13.4 asks for CUPTI 13.4, newer than the host's CUDA 13.0.
     # FlashInfer's decode and prefill need apache-tvm-ffi; its cuDNN and CuTe-DSL back ends,
     # which the baselines do not use, are left behind (together over 60 MB).
-    download .whl "${common[@]}" flashinfer-python==0.6.13 apache-tvm-ffi
+    download "$folder" "${common[@]}" flashinfer-python==0.6.13 apache-tvm-ffi
     ;;
   ray)
     # Ray's wheel (~79 MB) is over what one device call carries (64 MiB): its Java jars, which a
     # Python-only cluster never loads, come out, and the wheel's RECORD with them. The common
     # set comes too, without FlashInfer (its GQA baselines are not what the Ray runs time), so
     # that .whl-ray alone (about 55 MB) is a call's whole carry.
-    download .whl-ray 'ray>=2.40' jsonschema jsonschema-specifications referencing rpds-py \
+    download "$folder" 'ray>=2.40' jsonschema jsonschema-specifications referencing rpds-py \
       "${common[@]}"
-    wheel=$(ls .whl-ray/ray-*.whl)
+    wheel=$(ls "$folder"/ray-*.whl)
     unpacked=$(mktemp -d)
     (cd "$unpacked" && python3 -m zipfile -e "$OLDPWD/$wheel" . && rm -rf ray/jars &&
       sed -i '/^ray\/jars\//d' ray-*.dist-info/RECORD && rm "$OLDPWD/$wheel" &&

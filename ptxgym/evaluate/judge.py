@@ -24,7 +24,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from multiprocessing.connection import Connection
@@ -481,7 +481,7 @@ class Judge:
         # or CUPTI could not start) again, after a pause, until _MEMORY_WAIT_S have passed: that
         # is not this candidate's doing.
         memory_deadline = time.monotonic() + _MEMORY_WAIT_S
-        pause = _MEMORY_PAUSE_S
+        pauses = _memory_pauses()
         attempt = 1
         while True:
             problem = self._start_problem(worker)
@@ -496,8 +496,7 @@ class Judge:
                     f"{problem} ({attempt} starts); its output: {log or '(none)'}"
                 )
             if no_memory:
-                time.sleep(pause)
-                pause = min(2 * pause, _MEMORY_PAUSE_MAX_S)
+                time.sleep(next(pauses))
             attempt += 1
             worker = self._start_worker()
 
@@ -669,13 +668,14 @@ class Judge:
             )
         except (KeyError, ValueError):  # an axis only a workload's data gives: a worker's start
             needed = _WORKER_MEMORY_BYTES
-        waited, pause = 0.0, _MEMORY_PAUSE_S
-        while self.torch.cuda.mem_get_info(self.device)[0] < needed:
+        waited = 0.0
+        for pause in _memory_pauses():
+            if self.torch.cuda.mem_get_info(self.device)[0] >= needed:
+                break
             if waited + pause > _MEMORY_WAIT_S:
                 break
             time.sleep(pause)
             waited += pause
-            pause = min(2 * pause, _MEMORY_PAUSE_MAX_S)
         return waited
 
     def _attempt(
@@ -686,11 +686,12 @@ class Judge:
         for up to ``_MEMORY_WAIT_S``: not the candidate's doing, so no verdict of it. The
         seconds waited are the verdict's ``judge_memory_wait`` stage."""
         deadline = time.monotonic() + _MEMORY_WAIT_S
-        pause, waited = _MEMORY_PAUSE_S, 0.0
+        pauses, waited = _memory_pauses(), 0.0
         while True:
             try:
                 verdict, ended_sharing = self._evaluate_once(task, library, language, checks_alone)
             except RuntimeError as exc:  # both torch errors are RuntimeErrors
+                pause = next(pauses)
                 if (
                     isinstance(exc, WorkerStartError)  # waited for memory already
                     or _OUT_OF_MEMORY not in str(exc).lower()
@@ -700,7 +701,6 @@ class Judge:
                 self.torch.cuda.empty_cache()
                 time.sleep(pause)
                 waited += pause
-                pause = min(2 * pause, _MEMORY_PAUSE_MAX_S)
                 continue
             if waited:
                 stages = {**verdict.stage_seconds, "judge_memory_wait": waited}
@@ -1404,6 +1404,16 @@ def _how_it_ended(worker: _Worker) -> str:
     if code is not None and code < 0:
         return f"was killed by signal {-code}"
     return f"exited with code {code}"
+
+
+def _memory_pauses() -> Iterator[float]:
+    """The pauses between looks at device memory another candidate holds: _MEMORY_PAUSE_S,
+    doubling up to _MEMORY_PAUSE_MAX_S, without end (each caller bounds its wait by
+    _MEMORY_WAIT_S)."""
+    pause = _MEMORY_PAUSE_S
+    while True:
+        yield pause
+        pause = min(2 * pause, _MEMORY_PAUSE_MAX_S)
 
 
 def _output_bytes(task: Task, workload: WorkloadSpec) -> int:
