@@ -4,8 +4,12 @@ Run on a GPU host: ``python benchmarks/agent_overlap.py --out DIR [--delay 10] [
 A local OpenAI-compatible server (tests/chat_server.py) answers every request after ``--delay``
 seconds with the task's naive or expert example kernel (a broken one now and then), and
 ``ptxgym.bench.runner.run`` plays 3 tasks × 3 prompt variants × 2 trajectories × 4 turns with the
-``gpu`` evaluator and ``--concurrency`` episodes at once: about 8 to 9 minutes on the H200 (57 of
-its 72 turns took 394 s), so give it a device call of its own. Measured, from the records:
+``gpu`` evaluator and ``--concurrency`` episodes at once. The GQA decode's replies are its expert
+kernel from the first turn: the naive one takes 167 ms a call, so the protocol's 180 timed and
+warm-up calls on each of its 5 workloads held the GPU alone about 100 s per evaluation, and the
+run with it took over 10 minutes (61 of its 72 turns in 575 s on the H200, 2026-12-02). With the
+expert kernel it still takes about 6.5 minutes (70 of 72 turns in 380 s, the same day): give it a
+device call of its own with `timeout 560`. Measured, from the records:
 the share of the run's wall time, after the first reply arrived, during which at least one
 evaluation (an ``env.step``) was under way; the report's per-model table and the Fast_p plot it
 produced.
@@ -42,7 +46,7 @@ TASKS = ("PTX-H100-GEMM", "PTX-H100-MHAFwd-d128", "PTX-H100-GQADecode")
 KERNELS = {
     "PTX-H100-GEMM": ("naive/gemm.cu", "expert/gemm.cu"),
     "PTX-H100-MHAFwd-d128": ("naive/mha_fwd_d128.cu", "expert/mha_fwd_d128.cu"),
-    "PTX-H100-GQADecode": ("naive/gqa_decode.cu", "naive/gqa_decode.cu"),
+    "PTX-H100-GQADecode": ("expert/gqa_decode.cu", "expert/gqa_decode.cu"),
 }
 KEY, MODEL = "local", "scripted-model"
 

@@ -1,5 +1,6 @@
-// DRAFT (issue 27): compiles for sm_90a with 0 spills, but has NOT run on a GPU yet. See the
-// "gemm_cluster.cu" section of examples/expert/drafts/README.md for what the first run must check.
+// H200, 2026-12-02, `ptxgym eval` with default settings (docs/benchmarks.md, eighteenth session):
+// PASSED, qualified (HGMMA 8,388,608 warps, FLOP coverage 1.00; UTMALDG 524,288), memcheck clean,
+// 1.4023 ms against cuBLAS 1.4175 ms: 1.011x. examples/expert/README.md has the design checks.
 //
 // Expert GEMM for the ptxgym GEMM task on Hopper (sm_90a), aiming at >= 1.0x cuBLAS at 8192^3:
 // the GPU-verified examples/expert/gemm.cu (0.86-0.91x) plus the three steps the pack's

@@ -1,6 +1,6 @@
-"""Desk check of the MHA forward drafts (issue 27): TMA smem writes against wgmma reads.
+"""Desk check of the expert MHA forward kernels: TMA smem writes against wgmma reads.
 
-A CPU model, no GPU needed: ``python examples/expert/drafts/desc_check.py``.
+A CPU model, no GPU needed: ``python examples/expert/desc_check.py``.
 
 * TMA tile writes: a box ``[rows][width]`` bf16 lands row after row (pitch ``width * 2`` B) and
   every byte address goes through ``Swizzle<B,4,3>`` (16-B chunk bits 4.. XOR address bits 7..;
@@ -22,7 +22,7 @@ import sys
 _B = {128: 3, 64: 2, 32: 1}  # swizzle span in bytes -> B of Swizzle<B,4,3>
 _LAYOUT_CODE = {128: 1, 64: 2, 32: 3}  # sm_90 wgmma descriptor bits 62-63
 _T = 8  # bf16 elements per 16 B
-_ROWS = 128  # rows (tokens) per Q/K/V tile in the drafts
+_ROWS = 128  # rows (tokens) per Q/K/V tile in the kernels
 
 Smem = dict[int, tuple]
 
@@ -125,8 +125,8 @@ def check(
 def main() -> int:
     failures = 0
     failures += check("d128 (GPU-verified): 2 x [128][64] sw128", 128, 128, 64) != 0
-    failures += check("d64 draft: 1 x [128][64] sw128", 64, 128, 64) != 0
-    failures += check("d96 draft: 3 x [128][32] sw64", 96, 64, 32) != 0
+    failures += check("d64: 1 x [128][64] sw128", 64, 128, 64) != 0
+    failures += check("d96: 3 x [128][32] sw64", 96, 64, 32) != 0
     print("negative controls (each must report wrong reads):")
     failures += check("d96, SBO 1024 instead of 512", 96, 64, 32, sbo=1024) == 0
     failures += check("d96, V LBO 16 KB instead of 8 KB", 96, 64, 32, v_lbo=16384) == 0
