@@ -847,6 +847,9 @@ def _demo(args: argparse.Namespace) -> int:
     # The demo evaluates afresh each time (builds are cached): a resumed demo would show nothing.
     records.unlink(missing_ok=True)
     rows: list[TurnRecord] = []
+    # Columns as wide as the longest example file and task id, so the status lines align.
+    file_width = max(len(entry["file"]) for entry in entries)
+    task_width = max(len(task_id) for entry in entries for task_id in entry["tasks"])
     for entry in entries:
         # One run per example: two examples for the same task must not resume each other.
         plan = RunPlan(
@@ -868,7 +871,7 @@ def _demo(args: argparse.Namespace) -> int:
             build = record.outcome.get("compile") or {}
             speed = f", {record.speedup:.3f}x the baseline" if record.speedup is not None else ""
             print(
-                f"{record.run:<22} {record.task_id:<24} {record.evaluator:<13} "
+                f"{record.run:<{file_width}} {record.task_id:<{task_width}} {record.evaluator:<13} "
                 f"{record.status:<20} build {build.get('seconds', 0):.1f} s{speed}",
                 flush=True,
             )
