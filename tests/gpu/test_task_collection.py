@@ -56,7 +56,13 @@ def evaluator() -> Iterator[LocalGPUEvaluator]:
     judge.close()
 
 
-@pytest.mark.parametrize("task", COLLECTION, ids=[task.id for task in COLLECTION])
+# Every task's library against its reference under the judge's own check, both stages, the first
+# families included: a task whose own library fails the outlier stage asks more than the library
+# does (an FA-style MHA backward rounds P and dS to bf16; examples/expert/drafts/README.md).
+EVERY_TASK = sorted(registry().values(), key=lambda task: task.id)
+
+
+@pytest.mark.parametrize("task", EVERY_TASK, ids=[task.id for task in EVERY_TASK])
 def test_reference_agrees_with_the_baseline_on_every_workload(task: Task) -> None:
     _runs_here(task)
     for workload in task.workloads:
