@@ -9,7 +9,8 @@ kernel from the first turn: the naive one takes 167 ms a call, so the protocol's
 warm-up calls on each of its 5 workloads held the GPU alone about 100 s per evaluation, and the
 run with it took over 10 minutes (61 of its 72 turns in 575 s on the H200, 2026-12-02). With the
 expert kernel it still takes about 6.5 minutes (70 of 72 turns in 380 s, the same day): give it a
-device call of its own with `timeout 560`. Measured, from the records:
+device call of its own with `timeout 560`; if `timeout` stops it first, it still writes its
+report from the turns recorded. Measured, from the records:
 the share of the run's wall time, after the first reply arrived, during which at least one
 evaluation (an ``env.step``) was under way; the report's per-model table and the Fast_p plot it
 produced.
@@ -25,6 +26,7 @@ import datetime
 import json
 import os
 import re
+import signal
 import sys
 import time
 from datetime import datetime as Datetime
@@ -82,6 +84,41 @@ def busy_share(records: list[Any], start: float, end: float) -> float:
     return covered / (end - start)
 
 
+def summarise(args: argparse.Namespace, started: float, ended: float, first_reply: float) -> None:
+    """Write OUT/report.md, OUT/fastp.png and OUT/agent_overlap.json from the turns recorded in
+    OUT/run.jsonl, and print the markdown."""
+    out = args.out / "run.jsonl"
+    records = list(read_records(out))
+    if not records:
+        print("no turn was recorded")
+        return
+    share = busy_share(records, first_reply, ended)
+    table = report.report([out], plot=args.out / "fastp.png")
+    (args.out / "report.md").write_text(table)
+    complete = len(records) == len(TASKS) * 3 * args.trajectories * args.turns
+    results = {
+        "date": datetime.date.today().isoformat(),
+        "delay_s": args.delay,
+        "concurrency": args.concurrency,
+        "turns": len(records),
+        "complete": complete,
+        "wall_s": ended - started,
+        "evaluation_busy_share": share,
+        "statuses": {s: sum(r.status == s for r in records) for s in {r.status for r in records}},
+    }
+    (args.out / "agent_overlap.json").write_text(json.dumps(results, indent=2))
+    cut = "" if complete else " (stopped before the run's end)"
+    print(
+        f"# LLM run on the GPU, {results['date']}: {len(records)} turns in "
+        f"{ended - started:.0f} s{cut}"
+    )
+    print(
+        f"\nreply delay {args.delay:g} s, concurrency {args.concurrency}: at least one "
+        f"evaluation under way {share:.0%} of the wall time after the first reply\n"
+    )
+    print(table)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", type=Path, default=Path("benchmarks/out"))
@@ -108,31 +145,22 @@ def main() -> None:
             ChatSettings(model=MODEL, base_url=server.base_url, api_key_env="PTXGYM_BENCH_KEY")
         )
         started, clock = time.time(), time.monotonic()  # the server stamps monotonic time
+
+        def first_reply() -> float:
+            received = [r.received_at for r in server.completions]
+            return (min(received) - clock + started + args.delay) if received else started
+
+        def stopped(signum: int, frame: object) -> None:
+            # `timeout` ends the run: report what was recorded, then leave at once (evaluations
+            # still under way in other threads are not waited for).
+            summarise(args, started, time.time(), first_reply())
+            sys.stdout.flush()
+            os._exit(128 + signum)
+
+        signal.signal(signal.SIGTERM, stopped)
         run(plan, agent, out, progress=False, concurrency=args.concurrency)
-        ended = time.time()
-        first_reply = min(r.received_at for r in server.completions) - clock + started + args.delay
-    records = list(read_records(out))
-    share = busy_share(records, first_reply, ended)
-    table = report.report([out], plot=args.out / "fastp.png")
-    (args.out / "report.md").write_text(table)
-    results = {
-        "date": datetime.date.today().isoformat(),
-        "delay_s": args.delay,
-        "concurrency": args.concurrency,
-        "turns": len(records),
-        "wall_s": ended - started,
-        "evaluation_busy_share": share,
-        "statuses": {s: sum(r.status == s for r in records) for s in {r.status for r in records}},
-    }
-    (args.out / "agent_overlap.json").write_text(json.dumps(results, indent=2))
-    print(
-        f"# LLM run on the GPU, {results['date']}: {len(records)} turns in {ended - started:.0f} s"
-    )
-    print(
-        f"\nreply delay {args.delay:g} s, concurrency {args.concurrency}: at least one "
-        f"evaluation under way {share:.0%} of the wall time after the first reply\n"
-    )
-    print(table)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        summarise(args, started, time.time(), first_reply())
 
 
 if __name__ == "__main__":
