@@ -18,12 +18,14 @@ DRAFTS = paths.examples_dir() / "expert" / "drafts"
 TASKS = {
     "gqa_prefill.cu": "PTX-H100-GQAPrefill",
     "mha_bwd_d128.cu": "PTX-H100-MHABwd-d128",
+    "mha_fwd_d64_m192.cu": "PTX-H100-MHAFwd-d64",
 }
 DESK_CHECKS = [
     "gqa_prefill_check.py",
     "bwd_desc_check.py",
     "bwd_numpy_model.py",
     "bwd_sync_sim.py",
+    "m192_check.py",
 ]
 
 
