@@ -1334,6 +1334,8 @@ class Conversation:
                 baseline / latency,
                 judged.trial_medians_ms,
                 message.method,
+                self.settings.warmup,
+                self.settings.iters,
             )
         )
         if self.script.due.kind == protocol.DONE:

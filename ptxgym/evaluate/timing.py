@@ -101,7 +101,9 @@ def latency_of(
 
 @dataclass(frozen=True)
 class WorkloadTiming:
-    """Candidate and baseline latency on one workload."""
+    """Candidate and baseline latency on one workload, and the protocol both were timed with:
+    ``warmup_calls`` untimed and ``timed_calls`` timed calls per trial, one trial per entry of
+    ``trial_medians_ms`` (``JudgeSettings``; 0 where a record predates them)."""
 
     workload: str
     latency_ms: float
@@ -109,6 +111,8 @@ class WorkloadTiming:
     speedup: float
     trial_medians_ms: tuple[float, ...]
     method: str
+    warmup_calls: int = 0
+    timed_calls: int = 0
 
 
 class _Cupti:

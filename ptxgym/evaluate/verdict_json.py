@@ -92,6 +92,8 @@ def _timing_to_json(timing: WorkloadTiming) -> dict[str, Any]:
         "speedup": float(timing.speedup),
         "trial_medians_ms": [float(m) for m in timing.trial_medians_ms],
         "method": str(timing.method),
+        "warmup_calls": int(timing.warmup_calls),
+        "timed_calls": int(timing.timed_calls),
     }
 
 
@@ -216,6 +218,8 @@ def _timing_from_json(data: object, where: str) -> WorkloadTiming:
         speedup=fields.number("speedup"),
         trial_medians_ms=fields.sequence("trial_medians_ms", _number),
         method=fields.text("method"),
+        warmup_calls=fields.count("warmup_calls"),
+        timed_calls=fields.count("timed_calls"),
     )
 
 
@@ -301,6 +305,8 @@ _TIMING_FIELDS = (
     "speedup",
     "trial_medians_ms",
     "method",
+    "warmup_calls",
+    "timed_calls",
 )
 _SANITIZER_FIELDS = ("tool", "ok", "errors", "findings", "reason", "seconds", "call_seconds")
 _PROFILE_FIELDS = (

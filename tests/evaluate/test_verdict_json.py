@@ -223,6 +223,8 @@ class _Random:
                     self.number(),
                     self.several(self.number),
                     self.text(),
+                    self.count(),
+                    self.count(),
                 )
             ),
             self.text(),

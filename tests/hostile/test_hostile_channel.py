@@ -297,6 +297,8 @@ def test_an_honest_worker_passes_with_the_latency_the_judge_computed() -> None:
     assert timing.latency_ms == latency and timing.trial_medians_ms == medians
     assert timing.speedup == pytest.approx(1.0 / latency)
     assert timing.method == "cupti"
+    # The record says which protocol timed it: the judge's, whatever the worker was told.
+    assert (timing.warmup_calls, timing.timed_calls) == (SETTINGS.warmup, SETTINGS.iters)
     # Nothing the worker wrote in the arena outlived the judge's reading of it.
     assert len(worker.arena_zeroed) == len(verdict.checks) + CALLS + 1
     assert all(worker.arena_zeroed)
