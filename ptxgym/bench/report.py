@@ -562,7 +562,37 @@ def measured(run: RecordedRun) -> list[str]:
             f"{NOTHING_RAN} (compile-only evaluation), so correctness, speed and the target "
             "instructions' execution were not measured: the zeros below are not results."
         )
+    timed_with = protocols(records)
+    if len(timed_with) == 1:
+        ((warmup, timed, trials),) = timed_with
+        lines.append(
+            f"Timed with {warmup} warm-up and {timed} timed calls per trial, "
+            f"{_count(trials, 'trial')} per workload."
+        )
+    elif timed_with:
+        each = "; ".join(
+            f"{warmup}+{timed} calls × {trials} in {_count(n, 'turn')}"
+            for (warmup, timed, trials), n in sorted(timed_with.items())
+        )
+        lines.append(
+            f"Timed with different protocols (warm-up + timed calls × trials: {each}): "
+            "their speedups are not comparable."
+        )
     return lines
+
+
+def protocols(records: Sequence[TurnRecord]) -> Counter[tuple[int, int, int]]:
+    """The timing protocols (warm-up calls and timed calls per trial, trials) of the timed turns
+    among ``records``, with how many turns each timed; turns recorded before the outcome said
+    which protocol timed it are left out."""
+    found: Counter[tuple[int, int, int]] = Counter()
+    for record in records:
+        for timing in record.outcome.get("timings") or []:
+            if timing.get("timed_calls"):
+                trials = len(timing.get("trial_medians_ms") or [])
+                found[(int(timing.get("warmup_calls", 0)), int(timing["timed_calls"]), trials)] += 1
+                break
+    return found
 
 
 def turn_limits(longest: int) -> list[int]:

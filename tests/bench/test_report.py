@@ -499,3 +499,23 @@ def test_the_per_model_table_gives_the_best_mfu_of_qualified_turns(tmp_path: Pat
     # Records without a measurement (compile-only, or an unlisted GPU) get no column.
     plain = report([write(tmp_path / "plain.jsonl", [turn(H100, 0, 0, 1, speedup=1.0)])])
     assert "MFU" not in plain
+
+
+def _protocol(record: TurnRecord, warmup: int, timed: int, trials: int = 3) -> TurnRecord:
+    timing = {"workload": "w", "warmup_calls": warmup, "timed_calls": timed}
+    timing["trial_medians_ms"] = [1.0] * trials
+    return replace(record, outcome={"timings": [timing]})
+
+
+def test_the_run_summary_says_which_protocol_timed_its_turns(tmp_path: Path) -> None:
+    # Records from before the protocol was recorded (timed_calls absent) say nothing.
+    assert "Timed with" not in report([write(tmp_path / "old.jsonl", RECORDS)])
+    same = [_protocol(r, 10, 50) for r in RECORDS[:2]]
+    text = report([write(tmp_path / "same.jsonl", same)])
+    assert "Timed with 10 warm-up and 50 timed calls per trial, 3 trials per workload." in text
+    mixed = [_protocol(RECORDS[0], 10, 50), _protocol(RECORDS[1], 2, 5, trials=1)]
+    text = report([write(tmp_path / "mixed.jsonl", mixed)])
+    assert (
+        "Timed with different protocols (warm-up + timed calls × trials: 2+5 calls × 1 in "
+        "1 turn; 10+50 calls × 3 in 1 turn): their speedups are not comparable."
+    ) in text
