@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On a bare GPU host (no package registry): install the wheels carried in .whl/, then run the GPU
 # tests and the benchmarks. Usage:
-# scripts/gpu_host.sh [tests|judge-tests|reference-tests|bench|soak|collection|ray|all] [args...]
+# scripts/gpu_host.sh [tests|judge-tests|reference-tests|bench|experts|soak|collection|ray|all] [args...]
 # (tests = judge-tests, then reference-tests: split, each fits a host that ends a command after
 # 10 minutes; ray, with .whl-ray/ carried: the Ray pool's GPU test, then benchmarks/ray_scaling.py
 # given the args, e.g. `ray --trajectories 16 --no-kill --no-speedup-examples`; soak, the 500-step hostile soak of benchmarks/soak.py, is not part of all: it
@@ -87,6 +87,14 @@ if [[ $what == collection ]]; then
   gpu_tests collection tests/gpu/test_task_collection.py || status=1
   echo "== collection: $(tail -n 1 "$out/pytest-gpu-collection.log")"
   grep -E "^(FAILED|ERROR)" "$out/pytest-gpu-collection.log" || true
+fi
+if [[ $what == experts || $what == all ]]; then
+  # Every expert kernel, shipped and draft, through `ptxgym eval`'s settings (for `experts`, the
+  # args are the benchmark's, e.g. `experts --which drafts`; `all` passes them to pytest only).
+  expert_args=()
+  [[ $what == experts ]] && expert_args=("$@")
+  python3 benchmarks/experts.py --out "$out" ${expert_args[@]+"${expert_args[@]}"} \
+    | tee "$out/experts.md" || status=1
 fi
 if [[ $what == ray ]]; then
   pytest_args=()  # the args are the benchmark's

@@ -9,27 +9,19 @@ import subprocess
 import sys
 
 import pytest
+import yaml
 
 from ptxgym import paths
 from ptxgym.evaluate.build_step import build_candidate
 from ptxgym.tasks import get_task
 
 DRAFTS = paths.examples_dir() / "expert" / "drafts"
-TASKS = {
-    "gqa_prefill.cu": "PTX-H100-GQAPrefill",
-    "mha_bwd_d128.cu": "PTX-H100-MHABwd-d128",
-    "mha_fwd_d64_m192.cu": "PTX-H100-MHAFwd-d64",
-}
-DESK_CHECKS = [
-    "gqa_prefill_check.py",
-    "bwd_desc_check.py",
-    "bwd_numpy_model.py",
-    "bwd_sync_sim.py",
-    "m192_check.py",
-]
+MANIFEST = yaml.safe_load((DRAFTS / "manifest.yaml").read_text())
+TASKS = {entry["file"]: entry["task"] for entry in MANIFEST["drafts"]}
+DESK_CHECKS = list(MANIFEST["checks"])
 
 
-def test_every_draft_names_its_task_and_every_check_is_run() -> None:
+def test_the_drafts_manifest_names_every_draft_and_every_check() -> None:
     assert {path.name for path in DRAFTS.glob("*.cu")} == set(TASKS)
     assert {path.name for path in DRAFTS.glob("*.py")} == set(DESK_CHECKS)
 

@@ -1,0 +1,79 @@
+"""benchmarks/experts.py on CPU: which kernels it would evaluate, its table, and its refusal to
+run without a GPU (it evaluates on the GPU only: docs/benchmarks.md holds its results)."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+import yaml
+
+from ptxgym import paths
+from ptxgym.device.gpus import visible_gpus
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "experts.py"
+
+
+def load_benchmark() -> ModuleType:
+    """The benchmark script as a module (benchmarks/ is not a package)."""
+    spec = importlib.util.spec_from_file_location("experts", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_it_takes_every_shipped_expert_and_every_draft_once_per_task() -> None:
+    experts = load_benchmark()
+    drafts = yaml.safe_load((paths.examples_dir() / "expert/drafts/manifest.yaml").read_text())
+    chosen = experts.kernels("all", None)
+    assert len(chosen) == len(set(chosen))
+    assert {file for file, _ in experts.kernels("shipped", None)} == {
+        f"expert/{path.name}" for path in (paths.examples_dir() / "expert").glob("*.cu")
+    }
+    assert experts.kernels("drafts", None) == [
+        (f"expert/drafts/{entry['file']}", entry["task"]) for entry in drafts["drafts"]
+    ]
+    assert experts.kernels("all", "MHAFwd-d64") == [
+        ("expert/mha_fwd_d64.cu", "PTX-H100-MHAFwd-d64"),
+        ("expert/drafts/mha_fwd_d64_m192.cu", "PTX-H100-MHAFwd-d64"),
+    ]
+
+
+def test_a_row_shows_the_workloads_range_and_what_executed() -> None:
+    experts = load_benchmark()
+    outcome = {
+        "status": "PASSED",
+        "message": "correct on 35 checks",
+        "qualified": True,
+        "profile": {"warp_counts": {"UBLKCP": 65536}, "coverage": None, "method": "cupti"},
+        "latency_ms": 2.5017,
+        "baseline_latency_ms": 2.6240,
+        "speedup": 1.049,
+        "timings": [{"speedup": 0.988}, {"speedup": 1.26}],
+        "speed_of_light": {"achieved_tflops": 1.8, "mfu": 0.0018},
+        "sanitizers": [{"tool": "memcheck", "ok": True, "errors": 0}],
+    }
+    decode = experts.row("expert/gqa_decode.cu", "PTX-H100-GQADecode", outcome, 1.0)
+    table = experts.markdown([decode])
+    assert table.splitlines()[-1] == (
+        "| expert/gqa_decode.cu | PTX-H100-GQADecode | PASSED | True (UBLKCP 65,536) | 2.5017 "
+        "| 2.6240 | 1.049 (0.988-1.260) | 2 | 0.2% | 0 |"
+    )
+
+
+def test_without_a_gpu_it_says_so() -> None:
+    if visible_gpus():
+        pytest.skip("a GPU is visible: the script would evaluate for minutes, not refuse")
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), "--out", "/tmp/ptxgym-experts-test"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode != 0
+    assert "needs an NVIDIA GPU" in done.stderr
