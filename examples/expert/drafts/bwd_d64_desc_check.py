@@ -2,8 +2,9 @@
 
 ``python examples/expert/drafts/bwd_d64_desc_check.py``
 
-Copied from bwd_desc_check.py (the d128 draft's check, left untouched), itself the model of
-examples/expert/desc_check.py: TMA boxes land row after row and every byte address goes through
+The d128 draft's check (bwd_desc_check.py; both take the dS^T stores, the RS fragment check and
+the dQ layout check from bwd_model.py) on the model of examples/expert/desc_check.py (imported
+through deskcheck.py): TMA boxes land row after row and every byte address goes through
 the 128B swizzle; wgmma decodes the 64-bit descriptor and reads elements at the PTX ISA canonical
 K-major / MN-major addresses, swizzled the same way.
 
@@ -28,71 +29,9 @@ import pathlib
 import re
 import sys
 
-_T = 8  # bf16 elements per 16 B
-SPAN = 128
-
-Smem = dict[int, tuple]
-
-
-def swizzle(addr: int) -> int:
-    return addr ^ (((addr >> 7) & 7) << 4)
-
-
-def tma_box(smem: Smem, base: int, name: str, rows: int, d0: int) -> None:
-    """One TMA box [rows][64] bf16 of tensor `name`, columns d0.., written at `base` (swizzled)."""
-    for r in range(rows):
-        for e in range(64):
-            smem[swizzle(base + r * 128 + 2 * e)] = (name, r, d0 + e)
-
-
-def make_desc(start: int, lbo: int, sbo: int) -> int:
-    """ptx::make_smem_desc with layout 1 (128B swizzle)."""
-    desc = ((start & 0x3FFFF) >> 4) | (((lbo & 0x3FFFF) >> 4) << 16)
-    desc |= ((sbo & 0x3FFFF) >> 4) << 32
-    return desc | (1 << 62)
-
-
-def advance(desc: int, nbytes: int) -> int:
-    assert nbytes % 16 == 0
-    return desc + (nbytes >> 4)
-
-
-def _decode(desc: int) -> tuple[int, int, int]:
-    assert (desc >> 14) & 3 == 0, "start address overflowed its 14-bit field"
-    assert (desc >> 49) & 7 == 0, "base_offset must stay 0"
-    assert (desc >> 62) & 3 == 1
-    return (desc & 0x3FFF) << 4, ((desc >> 16) & 0x3FFF) << 4, ((desc >> 32) & 0x3FFF) << 4
-
-
-def read_kmajor(smem: Smem, desc: int, mn: int, k: int):
-    start, _lbo, sbo = _decode(desc)
-    x = SPAN // 16
-    off = (mn % 8) * x * _T + (k % _T) + (k // _T) * _T
-    return smem.get(swizzle(start + 2 * off + (mn // 8) * sbo))
-
-
-def read_mnmajor(smem: Smem, desc: int, mn: int, k: int):
-    start, lbo, sbo = _decode(desc)
-    x = SPAN // 16
-    a, b, c = mn % _T, (mn // _T) % x, mn // (_T * x)
-    addr = start + 2 * (a + _T * b + x * _T * (k % 8)) + c * lbo + (k // 8) * sbo
-    return smem.get(swizzle(addr))
-
-
-def acc_coord(t: int, i: int) -> tuple[int, int]:
-    """contracts §2: (row, col) of f32 accumulator register i of thread t (m64nN)."""
-    w, lane = t // 32, t % 32
-    return 16 * w + lane // 4 + 8 * ((i // 2) % 2), 8 * (i // 4) + 2 * (lane % 4) + (i % 2)
-
-
-def afrag_coord(t: int, reg: int, half: int) -> tuple[int, int]:
-    """contracts §2 register-A fragment: (row, k) of bf16 `half` (0 = low) of a[reg]."""
-    w, lane = t // 32, t % 32
-    r0, q = 16 * w + lane // 4, lane % 4
-    row = r0 + 8 * (reg % 2)
-    k = 2 * q + 8 * (reg // 2) + half
-    return row, k
-
+from bwd_model import check_dq_layout as _check_dq_layout
+from bwd_model import check_rs_fragments, store_ds_t
+from deskcheck import Smem, dc, make_desc128, tma_box64, wrong_reads
 
 # Kernel constants (mha_bwd_d64.cu), the two that vary read from the source itself.
 _SRC = (pathlib.Path(__file__).parent / "mha_bwd_d64.cu").read_text()
@@ -135,35 +74,12 @@ def check_smem_plan() -> int:
 
 def build_smem(stage: int, ds_xor_fn=None) -> Smem:
     smem: Smem = {}
-    tma_box(smem, BASE + OFF_K, "K", 128, 0)
-    tma_box(smem, BASE + OFF_V, "V", 128, 0)
-    tma_box(smem, BASE + OFF_Q + stage * Q_TILE, "Q", 64, 0)
-    tma_box(smem, BASE + OFF_DO + stage * Q_TILE, "dO", 64, 0)
+    tma_box64(smem, BASE + OFF_K, "K", 128, 0)
+    tma_box64(smem, BASE + OFF_V, "V", 128, 0)
+    tma_box64(smem, BASE + OFF_Q + stage * Q_TILE, "Q", 64, 0)
+    tma_box64(smem, BASE + OFF_DO + stage * Q_TILE, "dO", 64, 0)
     # dS^T stores of both consumer warpgroups, buffer 1 (buf = it & 1 = 1), exactly as the kernel.
-    ds = BASE + OFF_DS + 1 * DS_BYTES
-    for g in range(2):
-        for t in range(128):
-            lane = t % 32
-            r0 = 16 * (t // 32) + lane // 4
-            q4 = lane % 4
-            ds_row0 = (64 * g + r0) * 128
-            ds_row1 = ds_row0 + 8 * 128
-            ds_xor = (lane // 4) << 4 if ds_xor_fn is None else ds_xor_fn(t)
-            for s in range(4):
-                col0 = (32 * s + 4 * q4) ^ ds_xor
-                col1 = (32 * s + 16 + 4 * q4) ^ ds_xor
-                for k, addr in (
-                    (0, ds_row0 + col0),
-                    (1, ds_row1 + col0),
-                    (2, ds_row0 + col1),
-                    (3, ds_row1 + col1),
-                ):
-                    for half in range(2):
-                        i = 8 * s + 2 * k + half
-                        row, col = acc_coord(t, i)  # dS^T row = key within g, col = query
-                        a = ds + addr + 2 * half
-                        assert a not in smem, "two stores to one dS^T element"
-                        smem[a] = ("dS", col, 64 * g + row)  # stored as dS[query][key]
+    store_ds_t(smem, BASE + OFF_DS + 1 * DS_BYTES, ds_xor_fn)
     return smem
 
 
@@ -184,98 +100,34 @@ def check(
     for g in range(2):
         # G1 / G2: A = K_g / V_g rows 64g.. (K-major), B = Q / dO stage (K-major), 4 k-steps
         for a_name, a_off, b_name, b_base in (("K", OFF_K, "Q", sq), ("V", OFF_V, "dO", sdo)):
-            da = make_desc(BASE + a_off + g * a_rows_off, 16, 1024)
-            db = make_desc(b_base, 16, 1024)
+            da = make_desc128(BASE + a_off + g * a_rows_off, 16, 1024)
+            db = make_desc128(b_base, 16, 1024)
             for kk in range(4):
-                a, b = advance(da, kk * kstep), advance(db, kk * kstep)
-                for k in range(16):
-                    wrong += sum(
-                        read_kmajor(smem, a, m, k) != (a_name, 64 * g + m, 16 * kk + k)
-                        for m in range(64)
-                    )
-                    wrong += sum(
-                        read_kmajor(smem, b, n, k) != (b_name, n, 16 * kk + k) for n in range(64)
-                    )
+                a, b = dc.advance(da, kk * kstep), dc.advance(db, kk * kstep)
+                wrong += wrong_reads(smem, a, 64, a_name, 64 * g, 16 * kk)
+                wrong += wrong_reads(smem, b, 64, b_name, 0, 16 * kk)
         # G3 / G4: B = dO / Q MN-major (K = query rows, N = 64 d), one atom column
         for b_name, b_base in (("dO", sdo), ("Q", sq)):
-            db = make_desc(b_base, mn_lbo, mn_sbo)
+            db = make_desc128(b_base, mn_lbo, mn_sbo)
             for s in range(4):
-                b = advance(db, 2048 * s)
-                for k in range(16):
-                    wrong += sum(
-                        read_mnmajor(smem, b, n, k) != (b_name, 16 * s + k, n) for n in range(64)
-                    )
+                b = dc.advance(db, 2048 * s)
+                wrong += wrong_reads(smem, b, 64, b_name, 16 * s, 0, mn_major=True, k_is_row=True)
     # G5 (run by warpgroup it & 1; the operands do not depend on g): A = dS (M = 64 queries,
     # K = 128 keys) MN-major from the dS^T buffer, B = the K tile (K = keys, N = 64 d) MN-major.
-    da = make_desc(BASE + OFF_DS + 1 * DS_BYTES, mn_lbo, mn_sbo)
-    db = make_desc(BASE + OFF_K + dq_b_off, mn_lbo, mn_sbo)
+    da = make_desc128(BASE + OFF_DS + 1 * DS_BYTES, mn_lbo, mn_sbo)
+    db = make_desc128(BASE + OFF_K + dq_b_off, mn_lbo, mn_sbo)
     for s in range(8):
-        a, b = advance(da, 2048 * s), advance(db, 2048 * s)
-        for k in range(16):
-            wrong += sum(read_mnmajor(smem, a, m, k) != ("dS", m, 16 * s + k) for m in range(64))
-            wrong += sum(read_mnmajor(smem, b, n, k) != ("K", 16 * s + k, n) for n in range(64))
+        a, b = dc.advance(da, 2048 * s), dc.advance(db, 2048 * s)
+        wrong += wrong_reads(smem, a, 64, "dS", 0, 16 * s, mn_major=True)
+        wrong += wrong_reads(smem, b, 64, "K", 16 * s, 0, mn_major=True, k_is_row=True)
     print(f"{name:>58}: {'OK' if wrong == 0 else f'{wrong} wrong element reads'}")
     return wrong
 
 
-def check_rs_fragments() -> int:
-    """pf[s][k] = pack(acc[8s+2k], acc[8s+2k+1]) must be the register-A fragment of k-step s."""
-    wrong = 0
-    for t in range(128):
-        for s in range(4):
-            for k in range(4):
-                for half in range(2):
-                    row, col = acc_coord(t, 8 * s + 2 * k + half)
-                    frow, fk = afrag_coord(t, k, half)
-                    wrong += (row, col) != (frow, 16 * s + fk)
-    print(
-        f"{'RS A fragments from the m64n64 accumulator (P^T, dS^T)':>58}: "
-        f"{'OK' if wrong == 0 else f'{wrong} wrong'}"
-    )
-    return wrong
-
-
 def check_dq_layout(tile_floats: int = 4096, post_tile_div: int = 1024) -> int:
-    """Staging float4 (c, t) -> global fragment layout -> post kernel's inverse map."""
-    n_q, H, B = 4, 3, 2
-    S = 64 * n_q
-    seen: dict[tuple, int] = {}
-    wrong = 0
-    for b in range(B):
-        for h in range(H):
-            for qt in range(n_q):
-                # kernel: tensor-map row (64 floats) of query tile qt, box of 64 rows
-                row0 = (b * H + h) * n_q * (tile_floats // 64) + qt * (tile_floats // 64)
-                for t in range(128):
-                    for c in range(8):
-                        for e in range(4):
-                            sbyte = (128 * c + t) * 16 + 4 * e  # staging, box [64][64] fp32
-                            gfloat = row0 * 64 + sbyte // 4
-                            qrow, dcol = acc_coord(t, 4 * c + e)  # m64n64: row = q, col = d
-                            truth = (b, qt * 64 + qrow, h, dcol)
-                            idx = gfloat // 4  # post kernel: float4 index, element e of it
-                            assert gfloat % 4 == e
-                            tt = idx % 128
-                            cc = (idx // 128) % 8
-                            tile = idx // post_tile_div
-                            qq = tile % n_q
-                            bh = tile // n_q
-                            hh, bb = bh % H, bh // H
-                            r0 = 16 * (tt // 32) + (tt % 32) // 4
-                            col = 8 * cc + 2 * (tt % 4)
-                            post = (bb, qq * 64 + r0 + 8 * (e // 2), hh, col + (e % 2))
-                            wrong += post != truth
-                            seen[truth] = seen.get(truth, 0) + 1
-    full = B * S * H * 64
-    # the map {64, B*S*H}: every box row stays inside it
-    max_row = (B * H * n_q - 1) * (tile_floats // 64) + 63
-    ok = wrong == 0 and len(seen) == full and all(v == 1 for v in seen.values())
-    ok &= max_row < B * S * H
-    print(
-        f"{'dQ staging -> dQacc fragment layout -> post kernel':>58}: "
-        f"{'OK' if ok else f'{wrong} wrong, {len(seen)}/{full} covered'}"
-    )
-    return 0 if ok else 1
+    """Staging float4 (c, t) -> global fragment layout -> post kernel's inverse map: one
+    warpgroup stages the whole [64][64] fp32 tile (bwd_model.check_dq_layout with one half)."""
+    return _check_dq_layout(1, tile_floats, post_tile_div)
 
 
 def main() -> int:

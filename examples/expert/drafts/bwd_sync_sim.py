@@ -20,6 +20,9 @@ Checked on every run: no deadlock; every consumer read of a Q/dO/LSE/Dr stage se
 tile it expects (no stale or partial data); no copy lands in a stage that a consumer warpgroup is
 still reading; no dS^T half is rewritten while either warpgroup's G5 may read it; G5 reads both
 halves of the current iteration; the tx counts match the bytes.
+
+The actors are bwd_model.BwdSyncSim's (shared with the other backward drafts), the barriers and
+the driver deskcheck.py's; this script sets the query tile order.
 """
 
 from __future__ import annotations
@@ -27,198 +30,18 @@ from __future__ import annotations
 import random
 import sys
 
-STAGES = 2
-Q_TX = 2 * 16384 + 2 * 256
+from bwd_model import BwdSyncSim, sync_main
 
 
-class MBar:
-    def __init__(self, count: int) -> None:
-        self.count = count
-        self.pending = count
-        self.tx = 0
-        self.phase = 0  # completed phases
-
-    def _maybe_complete(self) -> None:
-        if self.pending == 0 and self.tx == 0:
-            self.phase += 1
-            self.pending = self.count
-
-    def arrive(self, expect_tx: int = 0) -> None:
-        assert self.pending > 0
-        self.tx += expect_tx
-        self.pending -= 1
-        self._maybe_complete()
-
-    def complete_tx(self, nbytes: int) -> None:
-        self.tx -= nbytes
-        self._maybe_complete()
-
-    def passes(self, parity: int) -> bool:
-        return (self.phase & 1) != parity
-
-
-class Sim:
+class Sim(BwdSyncSim):
     def __init__(self, n_q: int, rng: random.Random, stagger_kt: int | None, bug: str = "") -> None:
-        self.rng = rng
-        self.bug = bug
-        self.n_q = n_q
+        super().__init__(n_q, rng, bug)
         self.q_off = (2 * stagger_kt) % n_q if stagger_kt is not None else 0
-        self.kv_full = MBar(1)
-        self.q_full = [MBar(1) for _ in range(STAGES)]
-        self.q_empty = [MBar(8) for _ in range(STAGES)]
-        # stage contents: per stage, set of (part, tile) landed since the last refill
-        self.stage = [dict() for _ in range(STAGES)]
-        self.readers = [set() for _ in range(STAGES)]  # warpgroups reading stage s
-        self.ds = [[None, None] for _ in range(2)]  # ds[buf][half] = iteration written
-        self.ds_readers = [set(), set()]  # warpgroups whose G5 may read buf
-        self.kv_loaded = 0
-        self.bar_wait: dict[str, set] = {}
-        self.bar_gen: dict[str, int] = {}
-        self.actors: list = []
-        self.errors: list[str] = []
-
-    # ---- named barriers: a rendezvous of `members`, generation-counted ----
-    def bar_sync(self, name: str, me, members: int):
-        gen = self.bar_gen.get(name, 0)
-        self.bar_wait.setdefault(name, set()).add(me)
-        if len(self.bar_wait[name]) == members:
-            self.bar_gen[name] = gen + 1
-            self.bar_wait[name] = set()
-        while self.bar_gen.get(name, 0) == gen:
-            yield False
-        yield True
-
-    def copy(self, s: int, part: str, tile: int, nbytes: int, bar: MBar):
-        yield True  # issued; lands at a random later moment
-        if self.readers[s]:
-            self.errors.append(f"copy {part} of tile {tile} lands in stage {s} while read")
-        self.stage[s][part] = tile
-        bar.complete_tx(nbytes)
-        yield True
-
-    def kv_copy(self):
-        yield True
-        self.kv_loaded += 1
-        self.kv_full.complete_tx(16384)
-        yield True
-
-    def producer(self):
-        self.kv_full.arrive(4 * 16384)
-        for _ in range(4):
-            self.actors.append(self.kv_copy())
-        yield True
-        st, ph, qt = 0, 0, self.q_off
-        for _ in range(self.n_q):
-            while not self.q_empty[st].passes(ph if self.bug == "parity" else ph ^ 1):
-                yield False
-            self.q_full[st].arrive(Q_TX)
-            for part, nb in (
-                ("Q0", 8192),
-                ("Q1", 8192),
-                ("dO0", 8192),
-                ("dO1", 8192),
-                ("LSE", 256),
-                ("Dr", 256),
-            ):
-                self.actors.append(self.copy(st, part, qt, nb, self.q_full[st]))
-            yield True
-            st, ph = (st + 1, ph) if st + 1 < STAGES else (0, ph ^ 1)
-            qt = qt + 1 if qt + 1 < self.n_q else 0
-
-    def consumer(self, g: int):
-        while not self.kv_full.passes(0):
-            yield False
-        if self.kv_loaded != 4:
-            self.errors.append("kv_full passed before K/V landed")
-        st, ph, qt = 0, 0, self.q_off
-        for it in range(self.n_q):
-            buf = 0 if self.bug == "one_ds_buffer" else it & 1
-            while not self.q_full[st].passes(ph):
-                yield False
-            got = self.stage[st]
-            if any(got.get(p) != qt for p in ("Q0", "Q1", "dO0", "dO1", "LSE", "Dr")):
-                self.errors.append(f"WG{g} it {it}: stage {st} holds {got}, expected tile {qt}")
-            self.readers[st].add(g)  # G1..G4 and the LSE/Dr loads read the stage
-            if self.bug == "early_release":  # arrive right after the S^T / dP^T issue
-                for _w in range(4):
-                    self.q_empty[st].arrive()
-            yield True
-            # dS^T half store (after G2 retired); its buffer must not be read by any G5
-            if self.ds_readers[buf]:
-                self.errors.append(
-                    f"WG{g} it {it}: dS^T buf {buf} rewritten while G5 of "
-                    f"{self.ds_readers[buf]} may read it"
-                )
-            self.ds[buf][g] = it
-            yield True
-            yield from self.bar_sync("ds", g, 2)
-            # G5 issued: reads both halves of buf
-            if self.ds[buf] != [it, it]:
-                self.errors.append(f"WG{g} it {it}: G5 sees dS^T halves {self.ds[buf]}")
-            self.ds_readers[buf].add(g)
-            yield True
-            # wait<1>: G3, G4 retired -> stage released by the 4 warps (separate steps)
-            self.readers[st].discard(g)
-            for _w in range(4 if self.bug != "early_release" else 0):
-                self.q_empty[st].arrive()
-                yield True
-            st, ph = (st + 1, ph) if st + 1 < STAGES else (0, ph ^ 1)
-            # wait<0>: G5 retired
-            yield True
-            if self.ds[buf] != [it, it]:
-                self.errors.append(f"WG{g} it {it}: dS^T changed under G5: {self.ds[buf]}")
-            self.ds_readers[buf].discard(g)
-            # staging barriers (own warpgroup only: a 1-member rendezvous here)
-            yield from self.bar_sync(f"stage{g}", g, 1)
-            yield from self.bar_sync(f"stage{g}", g, 1)
-            qt = qt + 1 if qt + 1 < self.n_q else 0
-
-    def run(self) -> bool:
-        self.actors = [self.producer(), self.consumer(0), self.consumer(1)]
-        done = set()
-        stall = 0
-        while len(done) < len(self.actors):
-            live = [a for a in self.actors if id(a) not in done]
-            a = self.rng.choice(live)
-            try:
-                progressed = next(a)
-            except StopIteration:
-                done.add(id(a))
-                progressed = True
-            stall = 0 if progressed else stall + 1
-            if stall > 20000:
-                self.errors.append("deadlock")
-                return False
-        for b in self.q_full + self.q_empty:
-            assert b.tx == 0
-        return not self.errors
 
 
 def main(argv: list[str]) -> int:
-    runs = int(argv[0]) if argv else 300
-    bad = 0
-    for r in range(runs):
-        rng = random.Random(r)
-        n_q = rng.choice([2, 3, 4, 5, 8])
-        stagger = rng.choice([None, rng.randrange(4)])
-        sim = Sim(n_q, rng, stagger)
-        if not sim.run():
-            bad += 1
-            if bad <= 3:
-                print(f"run {r} (n_q {n_q}, stagger {stagger}): {sim.errors[:3]}")
-    print(f"{runs - bad}/{runs} random interleavings clean")
-    # Negative controls: each deliberate bug must be caught in some run.
-    caught_all = True
-    for bug in ("one_ds_buffer", "early_release", "parity"):
-        caught = 0
-        for r in range(runs):
-            rng = random.Random(r)
-            n_q = rng.choice([2, 3, 4, 5, 8])
-            sim = Sim(n_q, rng, None, bug)
-            caught += not sim.run()
-        print(f"negative control {bug}: caught in {caught}/{runs} runs")
-        caught_all &= caught > 0
-    return 1 if bad or not caught_all else 0
+    n_qs = [2, 3, 4, 5, 8]
+    return sync_main(argv, Sim, n_qs, ("one_ds_buffer", "early_release", "parity"))
 
 
 if __name__ == "__main__":

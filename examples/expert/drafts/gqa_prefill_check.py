@@ -15,6 +15,7 @@
    double arrival on a named barrier generation, every consumed stage holds the expected tile,
    the Q buffer holds the expected head when read.
 5. schedule model (list scheduling over 132 SMs) of the orders considered.
+bf16, the mbarriers, the named barriers and the interleaving driver are deskcheck.py's.
 Run: python3 examples/expert/drafts/gqa_prefill_check.py
 """
 
@@ -23,6 +24,7 @@ import math
 import random
 
 import numpy as np
+from deskcheck import MBar, NamedBarriers, bf16, interleave
 
 BM = BN = 128
 NQH, NKVH, GROUP = 32, 8, 4
@@ -123,13 +125,6 @@ def check_mask_mapping():
     print("mask mapping ok")
 
 
-def bf16(x):
-    x = np.asarray(x, dtype=np.float32)
-    u = x.view(np.uint32).astype(np.uint64)
-    u = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16) << 16
-    return u.astype(np.uint32).view(np.float32)
-
-
 def model_tile(Qall, Kall, Vall, q_start, ql, k_start, kl, t, c):
     """Kernel's consumer math for one (tile, head); returns O rows, LSE rows (valid rows only)."""
     d = kl - ql
@@ -222,21 +217,6 @@ def check_numerics():
 
 
 # ------------------------------------------------------------------------- 4. barrier model
-class MBar:
-    def __init__(self, count):
-        self.count, self.pending, self.phase = count, count, 0
-
-    def arrive(self):
-        self.pending -= 1
-        assert self.pending >= 0
-        if self.pending == 0:
-            self.phase += 1
-            self.pending = self.count
-
-    def passed(self, parity):  # try_wait.parity: the phase with this parity has completed
-        return (self.phase & 1) != parity
-
-
 def run_model(n_kv, hpc, stages=3, seed=0):
     rnd = random.Random(seed)
     q_full, q_empty = MBar(1), MBar(8)
@@ -246,36 +226,29 @@ def run_model(n_kv, hpc, stages=3, seed=0):
     v_empty = [MBar(8) for _ in range(stages)]
     k_data, v_data = [None] * stages, [None] * stages
     q_data = [None]
-    named = {1: [0, set()], 2: [0, set()]}  # arrivals in this generation, who
-    gen = {1: 0, 2: 0}
+    named = NamedBarriers()  # two members (the consumers) per barrier; a double arrival raises
 
     def nb_arrive(bid, who):
-        _, s = named[bid]
-        assert who not in s, f"double arrival on bar {bid}"
-        s.add(who)
-        named[bid][0] += 1
-        if named[bid][0] == 2:
-            named[bid] = [0, set()]
-            gen[bid] += 1
+        named.arrive(bid, who, 2)
 
     def producer():
         kst = vst = 0
         kph = vph = 0
         for hi in range(hpc):
-            while not q_empty.passed((hi & 1) ^ 1):
+            while not q_empty.passes((hi & 1) ^ 1):
                 yield
             q_data[0] = hi
             q_full.arrive()
             for i in range(n_kv):
                 tile = n_kv - 1 - i
-                while not k_empty[kst].passed(kph ^ 1):
+                while not k_empty[kst].passes(kph ^ 1):
                     yield
                 k_data[kst] = (hi, tile)  # the model tags loads by head to check order
                 k_full[kst].arrive()
                 kst += 1
                 if kst == stages:
                     kst, kph = 0, kph ^ 1
-                while not v_empty[vst].passed(vph ^ 1):
+                while not v_empty[vst].passes(vph ^ 1):
                     yield
                 v_data[vst] = (hi, tile)
                 v_full[vst].arrive()
@@ -289,10 +262,7 @@ def run_model(n_kv, hpc, stages=3, seed=0):
         kph = vph = 0
 
         def sync(bid):
-            g0 = gen[bid]
-            nb_arrive(bid, g)
-            while gen[bid] == g0:
-                yield
+            return named.sync(bid, g, 2)
 
         def arrive_warps(bar):
             for _ in range(4):
@@ -301,9 +271,9 @@ def run_model(n_kv, hpc, stages=3, seed=0):
         for hi in range(hpc):
             if g == 1:
                 nb_arrive(1, g)
-            while not q_full.passed(hi & 1):
+            while not q_full.passes(hi & 1):
                 yield
-            while not k_full[kst].passed(kph):
+            while not k_full[kst].passes(kph):
                 yield
             yield from sync(1 + g)
             assert q_data[0] == hi and k_data[kst] == (hi, n_kv - 1)
@@ -317,11 +287,11 @@ def run_model(n_kv, hpc, stages=3, seed=0):
             if kst == stages:
                 kst, kph = 0, kph ^ 1
             for j in range(1, n_kv):
-                while not k_full[kst].passed(kph):
+                while not k_full[kst].passes(kph):
                     yield
                 yield from sync(1 + g)
                 assert q_data[0] == hi and k_data[kst] == (hi, n_kv - 1 - j)
-                while not v_full[vst].passed(vph):
+                while not v_full[vst].passes(vph):
                     yield
                 assert v_data[vst] == (hi, n_kv - j)
                 if not (g == 1 and j == n_kv - 1):
@@ -338,7 +308,7 @@ def run_model(n_kv, hpc, stages=3, seed=0):
                 vst += 1
                 if vst == stages:
                     vst, vph = 0, vph ^ 1
-            while not v_full[vst].passed(vph):
+            while not v_full[vst].passes(vph):
                 yield
             assert v_data[vst] == (hi, 0)
             yield
@@ -348,17 +318,8 @@ def run_model(n_kv, hpc, stages=3, seed=0):
                 vst, vph = 0, vph ^ 1
 
     agents = [producer(), consumer(0), consumer(1)]
-    alive = list(range(3))
-    steps = 0
-    while alive:
-        i = rnd.choice(alive)
-        try:
-            next(agents[i])
-        except StopIteration:
-            alive.remove(i)
-        steps += 1
-        assert steps < 10**6, f"deadlock n_kv={n_kv} hpc={hpc}"
-    assert named[1][0] == 0 and named[2][0] == 0, "unbalanced named barriers"
+    assert interleave(agents, rnd, max_steps=10**6), f"deadlock n_kv={n_kv} hpc={hpc}"
+    assert named.balanced(), "unbalanced named barriers"
 
 
 def check_barriers():

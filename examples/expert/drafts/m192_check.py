@@ -29,16 +29,18 @@ barrier counts) and fails (exit 1) on the first wrong result:
 Negative controls (each must be caught): no mask on the half tile, the half tile's second box
 at S-64+64 (the next batch), empty barriers counting 3 warpgroups in a 2-warpgroup CTA, a V stage
 released before the wait that retires its wgmma, the producer waiting with the wrong parity.
+
+bf16, the descriptor model and the mbarrier model with its random-interleaving driver are
+deskcheck.py's (shared with the other drafts' checks).
 """
 
 from __future__ import annotations
 
-import importlib.util
 import random
 import sys
-from pathlib import Path
 
 import numpy as np
+from deskcheck import CheckError, MBar, bf16, dc, interleave, require
 
 BOX = 64  # tokens per TMA box
 BN = 128  # keys per K/V tile
@@ -46,22 +48,6 @@ BM = 192  # query rows of a full CTA
 BOX_BYTES = BOX * 64 * 2
 STAGES = 6
 SMS = 132
-
-_spec = importlib.util.spec_from_file_location(
-    "desc_check", Path(__file__).resolve().parent.parent / "desc_check.py"
-)
-assert _spec is not None and _spec.loader is not None
-dc = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(dc)
-
-
-class CheckError(Exception):
-    pass
-
-
-def require(cond: bool, what: str) -> None:
-    if not cond:
-        raise CheckError(what)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -197,13 +183,6 @@ def check_mask_mapping() -> None:
 # ---------------------------------------------------------------------------------------------
 # 4. numpy model
 # ---------------------------------------------------------------------------------------------
-def bf16(x: np.ndarray) -> np.ndarray:
-    """Round float32 to bf16 (nearest even), returned as float32."""
-    u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32).astype(np.uint64)
-    u = (u + 0x7FFF + ((u >> 16) & 1)) & 0xFFFF0000
-    return u.astype(np.uint32).view(np.float32)
-
-
 def model(q, k, v, b_n: int, s: int, h_n: int, *, no_mask=False, dup_bug=False):
     """The kernel's computation. q, k, v: flattened [B*S, H, 64] float32 (bf16 values)."""
     c = np.float32(1.4426950408889634 / 8.0)
@@ -288,30 +267,6 @@ def model_error(b_n: int, s: int, h_n: int, seed: int, **bugs) -> float:
 # ---------------------------------------------------------------------------------------------
 # 5. barrier protocol
 # ---------------------------------------------------------------------------------------------
-class MBar:
-    def __init__(self, count: int) -> None:
-        self.count, self.pending, self.tx, self.phase = count, count, 0, 0
-
-    def _maybe_complete(self) -> None:
-        if self.pending == 0 and self.tx == 0:
-            self.phase += 1
-            self.pending = self.count
-
-    def arrive(self, expect_tx: int = 0) -> None:
-        if self.pending <= 0:
-            raise CheckError("arrival on a barrier with no pending arrivals")
-        self.tx += expect_tx
-        self.pending -= 1
-        self._maybe_complete()
-
-    def complete_tx(self, nbytes: int) -> None:
-        self.tx -= nbytes
-        self._maybe_complete()
-
-    def passes(self, parity: int) -> bool:
-        return (self.phase & 1) != parity
-
-
 class Protocol:
     """Producer thread + TMA boxes + 4 * n_active consumer warps, randomly interleaved."""
 
@@ -407,28 +362,7 @@ class Protocol:
     def run(self) -> None:
         self.actors = [self.producer()]
         self.actors += [self.consumer((g, w)) for g in range(self.na) for w in range(4)]
-        blocked: dict[int, tuple] = {}
-        live = list(self.actors)
-        while live:
-            live = [a for a in self.actors if a is not None]
-            runnable = [
-                i
-                for i, a in enumerate(self.actors)
-                if a is not None and (i not in blocked or blocked[i][0].passes(blocked[i][1]))
-            ]
-            if not runnable:
-                if any(a is not None for a in self.actors):
-                    raise CheckError("deadlock")
-                break
-            i = self.rng.choice(runnable)
-            blocked.pop(i, None)
-            try:
-                step = next(self.actors[i])
-            except StopIteration:
-                self.actors[i] = None
-                continue
-            if step is not None:
-                blocked[i] = (step[1], step[2])
+        require(interleave(self.actors, self.rng), "deadlock")
         for ring in "KV":
             for bar in self.full[ring] + self.empty[ring]:
                 require(bar.pending == bar.count and bar.tx == 0, "barrier left mid-phase")
