@@ -45,6 +45,7 @@ from ptxgym.bench.records import read_records  # noqa: E402
 from ptxgym.bench.runner import RunPlan, run  # noqa: E402
 
 TASKS = ("PTX-H100-GEMM", "PTX-H100-MHAFwd-d128", "PTX-H100-GQADecode")
+VARIANTS = (0, 1, 2)
 KERNELS = {
     "PTX-H100-GEMM": ("naive/gemm.cu", "expert/gemm.cu"),
     "PTX-H100-MHAFwd-d128": ("naive/mha_fwd_d128.cu", "expert/mha_fwd_d128.cu"),
@@ -95,7 +96,7 @@ def summarise(args: argparse.Namespace, started: float, ended: float, first_repl
     share = busy_share(records, first_reply, ended)
     table = report.report([out], plot=args.out / "fastp.png")
     (args.out / "report.md").write_text(table)
-    complete = len(records) == len(TASKS) * 3 * args.trajectories * args.turns
+    complete = len(records) == len(TASKS) * len(VARIANTS) * args.trajectories * args.turns
     results = {
         "date": datetime.date.today().isoformat(),
         "delay_s": args.delay,
@@ -135,7 +136,7 @@ def main() -> None:
     plan = RunPlan(
         name="overlap",
         tasks=TASKS,
-        variants=(0, 1, 2),
+        variants=VARIANTS,
         trajectories=args.trajectories,
         turns=args.turns,
         evaluator=args.evaluator,

@@ -14,35 +14,29 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
-import yaml
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests"))  # the manifests' reader, shared with the tests
 
-from ptxgym import paths
-from ptxgym.device.gpus import visible_gpus
-from ptxgym.evaluate.local_gpu import LocalGPUEvaluator, incompatibility
-from ptxgym.tasks import get_task
+from expert_examples import DRAFT_TASKS, EXPERTS  # noqa: E402
+
+from ptxgym import paths  # noqa: E402
+from ptxgym.device.gpus import visible_gpus  # noqa: E402
+from ptxgym.evaluate.local_gpu import LocalGPUEvaluator, incompatibility  # noqa: E402
+from ptxgym.tasks import get_task  # noqa: E402
 
 
 def kernels(which: str, only: str | None) -> list[tuple[str, str]]:
     """(file under examples/, task id) of the chosen kernels, shipped first."""
     chosen: list[tuple[str, str]] = []
     if which in ("shipped", "all"):
-        manifest = yaml.safe_load((paths.examples_dir() / "manifest.yaml").read_text())
-        chosen += [
-            (entry["file"], task_id)
-            for entry in manifest["examples"]
-            if entry["kind"] == "expert" and entry.get("language", "cuda") == "cuda"
-            for task_id in entry["tasks"]
-        ]
+        chosen += [(file, task_id) for file, task_id, _ in EXPERTS]
     if which in ("drafts", "all"):
-        drafts = paths.examples_dir() / "expert" / "drafts"
-        manifest = yaml.safe_load((drafts / "manifest.yaml").read_text())
-        chosen += [
-            (f"expert/drafts/{entry['file']}", entry["task"]) for entry in manifest["drafts"]
-        ]
+        chosen += [(f"expert/drafts/{file}", task_id) for file, task_id in DRAFT_TASKS]
     return [(file, task) for file, task in chosen if only is None or only in f"{file} {task}"]
 
 

@@ -1,4 +1,6 @@
-"""The expert CUDA kernels of examples/manifest.yaml, for the CPU build test and the GPU test."""
+"""The expert CUDA kernels of examples/manifest.yaml and the drafts of
+examples/expert/drafts/manifest.yaml: for the CPU build tests, the GPU test and
+benchmarks/experts.py."""
 
 from __future__ import annotations
 
@@ -27,3 +29,8 @@ def families_of(entry: dict[str, Any]) -> dict[str, bool]:
 EXPERTS = [
     (entry["file"], task_id, families_of(entry)) for entry in ENTRIES for task_id in entry["tasks"]
 ]
+
+DRAFTS = paths.examples_dir() / "expert" / "drafts"
+DRAFTS_MANIFEST: dict[str, Any] = yaml.safe_load((DRAFTS / "manifest.yaml").read_text())
+# (file in DRAFTS, task id) of each draft.
+DRAFT_TASKS = [(entry["file"], entry["task"]) for entry in DRAFTS_MANIFEST["drafts"]]

@@ -9,17 +9,14 @@ import subprocess
 import sys
 
 import pytest
-import yaml
+from expert_examples import DRAFT_TASKS, DRAFTS, DRAFTS_MANIFEST
 
-from ptxgym import paths
 from ptxgym.evaluate.build_step import build_candidate
 from ptxgym.tasks import get_task
 
-DRAFTS = paths.examples_dir() / "expert" / "drafts"
-MANIFEST = yaml.safe_load((DRAFTS / "manifest.yaml").read_text())
-TASKS = {entry["file"]: entry["task"] for entry in MANIFEST["drafts"]}
-DESK_CHECKS = list(MANIFEST["checks"])
-HELPERS = list(MANIFEST["helpers"])  # modules the checks import; not run on their own
+TASKS = dict(DRAFT_TASKS)
+DESK_CHECKS = list(DRAFTS_MANIFEST["checks"])
+HELPERS = list(DRAFTS_MANIFEST["helpers"])  # modules the checks import; not run on their own
 
 
 def test_the_drafts_manifest_names_every_draft_and_every_check() -> None:
