@@ -270,7 +270,8 @@ def _mismatches(report: CheckReport) -> list[str]:
             continue
         lines.append(
             f"- {output.name}: {output.detail}; max abs error {output.max_abs_error:.4g}, "
-            f"max rel error {output.max_rel_error:.4g}, {output.non_finite} NaN/Inf "
+            f"max rel error {output.max_rel_error:.4g}, worst finite element "
+            f"{output.worst_ratio:.3g}x its tolerance, {output.non_finite} NaN/Inf "
             "(outputs are NaN-poisoned before the call, so NaN often means never written)"
         )
         for worst in output.worst:

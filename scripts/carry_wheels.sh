@@ -41,11 +41,25 @@ case $what in
     download "$folder" 'ray>=2.40' jsonschema jsonschema-specifications referencing rpds-py \
       "${common[@]}"
     wheel=$(ls "$folder"/ray-*.whl)
-    unpacked=$(mktemp -d)
-    (cd "$unpacked" && python3 -m zipfile -e "$OLDPWD/$wheel" . && rm -rf ray/jars &&
-      sed -i '/^ray\/jars\//d' ray-*.dist-info/RECORD && rm "$OLDPWD/$wheel" &&
-      python3 -m zipfile -c "$OLDPWD/$wheel" ./*)
-    rm -rf "$unpacked"
+    # Entries are copied, not extracted and zipped again: a copy keeps each one's mode bits,
+    # and Ray's own programs (gcs_server, raylet) must stay executable once pip installs them.
+    python3 - "$wheel" <<'TRIM'
+import sys, zipfile
+from pathlib import Path
+
+wheel = Path(sys.argv[1])
+trimmed = wheel.with_suffix(".trimmed")
+with zipfile.ZipFile(wheel) as source, zipfile.ZipFile(trimmed, "w", zipfile.ZIP_DEFLATED) as target:
+    for entry in source.infolist():
+        if entry.filename.startswith("ray/jars/"):
+            continue
+        data = source.read(entry)
+        if entry.filename.endswith(".dist-info/RECORD"):
+            lines = data.decode().splitlines(keepends=True)
+            data = "".join(line for line in lines if not line.startswith("ray/jars/")).encode()
+        target.writestr(entry, data, zipfile.ZIP_DEFLATED)
+trimmed.replace(wheel)
+TRIM
     ;;
   *)
     echo "usage: $0 [base|ray]" >&2

@@ -45,6 +45,10 @@ class OutputCheck:
     non_finite: int = 0
     total: int = 0
     worst: tuple[Mismatch, ...] = field(default_factory=tuple)
+    # The largest |out - ref| / (atol + rtol * |ref|) over the finite elements: at most 1 when
+    # they all pass, else the factor the tolerance would have to grow by (inf where an exact
+    # output differs). Says how far a failing kernel is, and what a task's tolerance asks.
+    worst_ratio: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -113,16 +117,27 @@ def _check_one(
     bad = ~finite | (diff > allowed)
     diff_finite = torch.where(finite, diff, torch.zeros_like(diff))
     rel = diff_finite / (expected.abs() + 1e-8)
+    ratio = torch.where(
+        allowed > 0,
+        diff_finite / allowed.clamp_min(torch.finfo(torch.float32).tiny),
+        torch.where(diff_finite > 0, float("inf"), 0.0),
+    )
     # One read back from the GPU for all four numbers, not one each: the judge checks the
     # outputs of several evaluations at once, and each read back waits for its stream.
     if diff.numel():
         numbers = torch.stack(
-            [bad.sum().double(), (~finite).sum().double(), diff_finite.max(), rel.max()]
+            [
+                bad.sum().double(),
+                (~finite).sum().double(),
+                diff_finite.max().double(),
+                rel.max().double(),
+                ratio.max().double(),
+            ]
         ).tolist()
     else:
-        numbers = [0.0, 0.0, 0.0, 0.0]
+        numbers = [0.0] * 5
     mismatched, non_finite = int(numbers[0]), int(numbers[1])
-    max_abs, max_rel = float(numbers[2]), float(numbers[3])
+    max_abs, max_rel, worst_ratio = float(numbers[2]), float(numbers[3]), float(numbers[4])
     worst: tuple[Mismatch, ...] = ()
     if mismatched:
         # Rank by how far past the tolerance an element is; non-finite ones first.
@@ -151,6 +166,7 @@ def _check_one(
         non_finite,
         int(diff.numel()),
         worst,
+        worst_ratio,
     )
 
 

@@ -73,6 +73,7 @@ def _output_check_to_json(output: OutputCheck) -> dict[str, Any]:
         "mismatched": int(output.mismatched),
         "non_finite": int(output.non_finite),
         "total": int(output.total),
+        "worst_ratio": float(output.worst_ratio),
         "worst": [
             {
                 "index": [int(i) for i in mismatch.index],
@@ -197,6 +198,7 @@ def _output_check_from_json(data: object, where: str) -> OutputCheck:
         non_finite=fields.count("non_finite"),
         total=fields.count("total"),
         worst=fields.sequence("worst", _mismatch_from_json),
+        worst_ratio=fields.number("worst_ratio"),
     )
 
 
@@ -297,6 +299,7 @@ _OUTPUT_CHECK_FIELDS = (
     "non_finite",
     "total",
     "worst",
+    "worst_ratio",
 )
 _TIMING_FIELDS = (
     "workload",

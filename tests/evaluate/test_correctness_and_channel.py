@@ -62,6 +62,17 @@ def test_tolerance_is_atol_plus_rtol_times_reference() -> None:
     assert not check_outputs(GEMM, "t", "w", AXES, outside, ref).ok
 
 
+def test_worst_ratio_is_how_far_past_its_tolerance_the_worst_element_is() -> None:
+    ref = {"C": torch.full((6, 5), 100.0)}
+    # 1.01 allowed at 100 (atol 1e-2 + rtol 1e-2 x 100): 102 is 2/1.01 past it, 100.5 within.
+    out = torch.full((6, 5), 100.5)
+    out[3, 1] = 102.0
+    check = check_outputs(GEMM, "t", "w", AXES, {"C": out.bfloat16()}, ref).outputs[0]
+    assert not check.ok and check.worst_ratio == pytest.approx(2.0 / 1.01, rel=1e-3)
+    passing = check_outputs(GEMM, "t", "w", AXES, {"C": torch.full((6, 5), 100.5).bfloat16()}, ref)
+    assert passing.ok and passing.outputs[0].worst_ratio == pytest.approx(0.5 / 1.01, rel=1e-3)
+
+
 @pytest.mark.parametrize(
     ("out", "problem"),
     [(torch.zeros(6, 4, dtype=torch.bfloat16), "shape"), (torch.zeros(6, 5), "dtype")],
