@@ -1,61 +1,64 @@
-// Expert attention forward, head_dim 64, FlashAttention-3 style, for Hopper (sm_90a).
+// Expert attention forward, head_dim 64, 192-row query tiles (FlashAttention-3's hdim-64 shape),
+// for Hopper (sm_90a).
 //
-// H200, 2026-12-02, `ptxgym eval` with default settings (docs/benchmarks.md, eighteenth session):
-// PASSED, qualified (HGMMA 6,291,456 warps, FLOP coverage 1.00), memcheck clean, 0.6315 ms against
-// cuDNN 0.6045 ms: 0.957x (0.915-0.928x with the ping-pong, below). examples/expert/README.md has
-// the design checks.
+// H200, 2026-12-02, `ptxgym eval` with default settings (through benchmarks/experts.py):
+// PASSED on its first GPU run, qualified (HGMMA 6,291,456 warps, UTMALDG 184,320, FLOP coverage
+// 1.00), memcheck clean, 0.5462 ms against cuDNN 0.6075 ms: 1.112x (503 TFLOP/s, 50.9 % MFU).
+// examples/expert/README.md has the design checks; the desk check is
+// examples/expert/drafts/m192_check.py.
 //
 //   Q, K, V, O: [B, S, H, 64] bf16 (D contiguous, heads interleaved: one head's consecutive
 //   tokens are H*64 elements apart);  LSE: [B, H, S] fp32, natural log of sum_j exp(scale*q.k_j),
-//   scale = 1/sqrt(64), non-causal.  S must be a multiple of 128 (cudaErrorInvalidValue otherwise).
+//   scale = 1/sqrt(64), non-causal.  S must be a multiple of 64 (cudaErrorInvalidValue otherwise)
+//   and B*S must fit in int32 (TMA coordinates).
 //
-// Derived from the GPU-verified examples/expert/mha_fwd_d128.cu (1.02x cuDNN on an H200). The
-// structure is the same; only the head-dimension-dependent parts changed:
-//   * One CTA per (128-query tile, head, batch); grid (S/128, H, B), query tile fastest so the 32
-//     CTAs of one head run together and re-read that head's K/V from L2.
-//   * 384 threads = 3 warpgroups. WG0 is the producer (setmaxnreg.dec 40): one elected thread loads
-//     Q once and streams K_j and V_j (128 keys each) through two separate 6-stage rings of
-//     full/empty mbarriers, with TMA. WG1 and WG2 are consumers (setmaxnreg.inc 232), each owning
-//     64 query rows (wgmma M = 64).
-//   * Tensor maps are 3-D {D=64, H, B*S} with strides {128 B, H*128 B}; box {64, 1, 128} gives a
-//     [128 tokens][64 d] tile, 128B-swizzled. At D = 64 a row is exactly 128 B, i.e. one
-//     swizzle-atom column, so every Q, K or V tile is ONE TMA box (16 KB), not two as at D = 128.
-//     Since S % 128 == 0 a tile never straddles two batches, so the flattened B*S dim is safe.
-//   * S = Q K^T: wgmma m64n128k16 SS, both operands K-major (trans 0/0), 4 k-steps over D: k-step
-//     kk is +32 B * kk inside the 128-B swizzled row (contracts §3), no box change.
-//   * Online softmax on the fp32 accumulator in registers, base 2 with scale*log2(e) folded into
-//     one FFMA; row max quad-reduced each block, row sum kept as per-thread partials until the end.
-//   * O += P V: wgmma m64n64k16 RS, P packed to bf16 straight from the S accumulator (k-step s
-//     takes S registers 8s..8s+7, contracts §2), V is the MN-major B operand (trans-b = 1). With
-//     N = 64 the B operand is ONE 64-wide MN swizzle atom column, so LBO (the stride to the next
-//     64-wide d block) is never used; SBO = 1024 (8 key rows x 128 B), k-step = +16 keys = +2048 B.
-//   * Intra-warpgroup overlap (FA3 Algorithm 2): the P V_{j-1} wgmma runs while the softmax of
-//     block j is computed; O is rescaled by the previous block's factor right after issuing the
-//     S_j GEMM (the O registers are idle then), before the P V_{j-1} GEMM.
-//   * No inter-warpgroup ping-pong: the two consumers issue their GEMMs whenever their data is
-//     ready. The d128 kernel's named-barrier turns (FA3's scheduler barrier) were measured here
-//     too, on the reasoning that per 128x128 block the ex2 work (16384 MUFU ops = 1024 clocks at
-//     16/clk/SM) equals the MMA work (4.2 MFLOP = 1024 clocks at 4096 FLOP/clk/SM); on the H200
-//     the kernel with them took 0.6514 ms and without them 0.6315 ms (cuDNN 0.6045 ms, same
-//     host, 2026-12-02): the turns cost more waiting than they gained in overlap at D = 64.
-//   * Empty barriers count one arrival per consumer warp (8), each after that warp's own
-//     wgmma.wait_group retired the group that read the stage.
-//   * Epilogue: quad-reduce the row sums, O /= l, store bf16 O directly from registers,
-//     LSE = (m + log2 l) * ln2 from the lane owning column 0 of the row.
-//
-// Tile choice (the key tile Bc and the stage count):
-//   * Bc = 128 keys. The workload has S = 4096, so Bc must divide 4096: 176 or 192 (FA3's hdim-64
-//     choices) do not, and would need a masked partial last tile plus a 4-D map. 256 divides it
-//     but does not fit the registers: S (m64n256: 128 fp32) + P fragments (64 b32) + O (32 fp32)
-//     are all live at once in the overlapped loop = 224 of the 232 consumer registers, before
-//     m, l, descriptors and addresses -> spills and C7511 serialisation.
-//   * 6 stages per ring. A 128x64 K or V tile is consumed in half the time of a 128x128 one, so
-//     covering the same L2/HBM latency (in time) as the d128 kernel's verified 3 stages takes
-//     twice as many: 6 stages keep 192 KB of K/V in flight, exactly the d128 kernel's amount.
-//     (One CTA per SM is resident either way, limited by registers, so the smem costs nothing.
-//     4 stages = 144 KB is the fallback if a GPU run shows no difference.)
-// Shared memory: Q 16 KB + 6 stages x (K 16 KB + V 16 KB) = 208 KB = 212992 B, + 25 barriers
-// (200 B), + 1 KB to round the base up to 1024 = 214216 B of the 232448 B allowed.
+// Derived from the previous examples/expert/mha_fwd_d64.cu, "the 128-row kernel" below (in git
+// history; GPU-verified, 0.957x cuDNN on an H200: 128-row query tile, 2 consumer warpgroups, no
+// ping-pong). What changed, and why:
+//   * 3 consumer warpgroups of 64 query rows each: a CTA owns up to 192 query rows, so each K/V
+//     tile brought into shared memory feeds 192 rows instead of 128, and each SM sub-partition
+//     holds 3 consumer warps instead of 2. At D = 64 the exp work per block (MUFU.EX2, 16/clk/SM)
+//     equals the MMA work, and one warpgroup's softmax cannot overlap its own S GEMM (it needs
+//     the result), so the tensor core and the MUFU are both busy only when another warpgroup has
+//     work of the other kind ready; with three warpgroups there is one more candidate at every
+//     moment. FlashAttention-3 uses 192-row tiles with 3 consumer warpgroups for head_dim 64.
+//   * 512 threads = 4 warpgroups: 512 x 128 registers at launch = the whole 64K register file.
+//     setmaxnreg moves it: the producer drops to 32, the consumers rise to 160
+//     (32 x 128 + 160 x 384 = 65536; FA3's split for 3 consumer warpgroups). 160 is enough for
+//     the overlapped loop: S 64 + P fragments 32 + O 32 fp32 = 128 live registers plus
+//     max/sum/scale state and addresses (ptxas: 0 spills).
+//   * Query tiling with 192- and 128-row tiles only. S = 4096 is 21.33 x 192; a 64-row last tile
+//     would leave 1344 full 192-row CTAs for 132 SMs, i.e. some SM runs 11 of them = 33 units of
+//     64 rows, against 32 units (16 x 128 rows) for the 128-row kernel. Splitting each head's
+//     u = S/64 row units as 3+3+...+3 (+2, or +2+2) instead gives 20 x 192 + 2 x 128 rows per
+//     head at S = 4096, the same 22 CTAs per head, and a best-case makespan of 32 units (see the
+//     README for the list-scheduling model). The 128-row tiles are the last ones of each head, so
+//     the tail of the grid is made of the smaller CTAs. Only S = 64 gets a 64-row tile.
+//     In a CTA with fewer than 3 active warpgroups the idle ones exit at once; the empty
+//     barriers count only the active warps, and only the active warpgroups' Q rows are loaded.
+//   * All TMA boxes are [64 tokens][64 d] (8 KB): Q is 1..3 boxes, a K or V tile 2 boxes, placed
+//     back to back (rows 64..127 at +8 KB, a multiple of the 1024-B swizzle atom), which is
+//     byte-for-byte the [128][64] tile of the 128-row box, so descriptors and k-steps are the
+//     128-row kernel's. Since S % 64 == 0, no box ever straddles two batches in the flattened
+//     B*S map: no row of another batch is ever loaded, and no zero fill is needed.
+//   * Keys: 128-key tiles, n_kv = ceil(S/128). When S % 128 == 64 the last 64 keys form a half
+//     tile, and it is processed FIRST (key order does not matter without a causal mask), so its
+//     mask lives in the prologue and the steady loop is the 128-row kernel's, unchanged. Its stage
+//     is still filled with 128 real keys of the same (batch, head): box 0 = keys S-64..S-1,
+//     box 1 = keys S-128..S-65 again (keys 0..63 again when S == 64). The prologue overwrites S
+//     columns 64..127 (registers 32..63, contracts §2) with -inf, so P is exactly +0 there, and
+//     the duplicated V rows (finite whenever the output is) add exactly 0 in P V. Every P V
+//     therefore has all 8 k-steps, and tx is 16 KB for every stage.
+//   * Everything else is the 128-row kernel: S = Q K^T m64n128k16 SS (4 k-steps of +32 B), online
+//     softmax in base 2 with scale*log2(e) folded into one FFMA, O += P V m64n64k16 RS with V
+//     MN-major (SBO 1024, k-step +2048 B), P V_{j-1} overlapped with the softmax of block j
+//     (FA3 intra-warpgroup overlap), no inter-warpgroup ping-pong (it cost 3 % at D = 64 with 2
+//     consumers), separate 6-stage K and V rings, O and LSE stored from registers.
+//   * Stages: each tile now feeds 192 rows, so it is consumed 1.5x slower than in the 128-row
+//     kernel and 4 stages would already cover the same time; 6 still fit (below), and one CTA
+//     per SM is resident anyway (512 threads x 128 registers), so they cost nothing.
+// Shared memory: Q 24 KB + 6 stages x (K 16 KB + V 16 KB) = 216 KB = 221184 B, + 25 mbarriers
+// (200 B), + 1 KB to round the base up to 1024 = 222408 B of the 232448 B allowed.
 
 #include "ptxgym_h100.cuh"
 
@@ -63,36 +66,51 @@
 #include <cuda_bf16.h>
 #include <cstdint>
 #include <cmath>
+#include <climits>
 
 namespace {
 
 constexpr int kD = 64;          // head dimension (fixed)
-constexpr int kBM = 128;        // query rows per CTA: 2 consumer warpgroups x 64
+constexpr int kConsumers = 3;   // consumer warpgroups, 64 query rows each
+constexpr int kBM = 64 * kConsumers;  // 192 query rows per full CTA
 constexpr int kBN = 128;        // keys per K/V tile
-constexpr int kStages = 6;      // depth of each of the K and V rings (see "Tile choice" above)
-constexpr int kThreads = 384;   // producer WG + 2 consumer WGs
-static_assert(kBM == kBN, "one tensor map (box of kBN rows) serves Q, K and V");
+constexpr int kBoxRows = 64;    // tokens per TMA box (one warpgroup's Q rows, half a K/V tile)
+constexpr int kStages = 6;      // depth of each of the K and V rings
+constexpr int kThreads = 128 * (1 + kConsumers);  // 512: producer WG + 3 consumer WGs
+constexpr uint32_t kProducerRegs = 32;
+constexpr uint32_t kConsumerRegs = 160;
+static_assert(kProducerRegs * 128 + kConsumerRegs * 128 * kConsumers <= 65536,
+              "setmaxnreg budget: the register file holds 64K registers");
 
-// One TMA box = one whole tile: [128 rows][64 bf16] = 16 KB, 128B-swizzled (row = 128 B).
-constexpr uint32_t kTileBytes = 128u * 64u * 2u;  // Q tile, one K stage or one V stage
+// One TMA box: [64 rows][64 bf16] = 8 KB, 128B-swizzled (a row is exactly 128 B).
+constexpr uint32_t kBoxBytes = kBoxRows * kD * 2;        // 8192
+constexpr uint32_t kQBytes = kConsumers * kBoxBytes;     // 24576: three warpgroups' Q rows
+constexpr uint32_t kKVTileBytes = 2 * kBoxBytes;         // 16384: one K or V stage, 128 keys
 
-// Byte offsets from the 1024-aligned base. Every tile starts on a 1024-B boundary so the swizzle
-// phase of TMA and wgmma agree (descriptor base_offset = 0): 16 KB is a multiple of 1024.
+// Byte offsets from the 1024-aligned base; every box starts on a 1024-B boundary, so TMA's and
+// wgmma's swizzle phases agree (descriptor base_offset 0).
 constexpr uint32_t kOffQ = 0;
-constexpr uint32_t kOffK = kOffQ + kTileBytes;
-constexpr uint32_t kOffV = kOffK + kStages * kTileBytes;
-constexpr uint32_t kOffBar = kOffV + kStages * kTileBytes;
+constexpr uint32_t kOffK = kOffQ + kQBytes;
+constexpr uint32_t kOffV = kOffK + kStages * kKVTileBytes;
+constexpr uint32_t kOffBar = kOffV + kStages * kKVTileBytes;
 constexpr uint32_t kNumBars = 1 + 4 * kStages;  // q_full, k_full[], k_empty[], v_full[], v_empty[]
 constexpr uint32_t kSmemBytes = kOffBar + 8 * kNumBars + 1024;  // +1 KB to round the base up
-static_assert(kTileBytes % 1024 == 0, "tiles must stay 1024-B aligned");
+static_assert(kBoxBytes % 1024 == 0 && kQBytes % 1024 == 0, "boxes must stay 1024-B aligned");
 static_assert(kSmemBytes <= 232448, "dynamic shared memory over the 227 KB limit");
 
-// Empty barriers: one arrival per consumer warp (2 warpgroups x 4 warps). Each warp arrives after
-// its own wgmma.wait_group retired the group that read the stage (a warp's HGMMA reads the whole
-// B tile, so per-warp completion is the safe granularity).
-constexpr uint32_t kEmptyArrivals = 8;
-
 constexpr float kLn2 = 0.69314718055994531f;
+
+// Query tiling of one head (host and device). u = S/64 row units are cut into n3 tiles of 3
+// units (192 rows) followed by 0, 1 or 2 tiles of 2 units (128 rows); u == 1 is one 1-unit tile.
+//   u % 3 == 0: n3 = u/3.   u % 3 == 2: n3 = u/3, one 128-row tile.
+//   u % 3 == 1: n3 = u/3 - 1, two 128-row tiles (u == 1: n3 = 0, one 64-row tile).
+__host__ __device__ inline int num_full_tiles(int units) {
+  return (units % 3 == 1) ? (units >= 4 ? units / 3 - 1 : 0) : units / 3;
+}
+__host__ __device__ inline int num_q_tiles(int units) {
+  const int n3 = num_full_tiles(units);
+  return n3 + (units - 3 * n3 + 1) / 2;  // remainder 0, 1, 2, 4 -> 0, 1, 1, 2 smaller tiles
+}
 
 __device__ __forceinline__ void fence_frag(uint32_t (&p)[8][4]) {
 #pragma unroll
@@ -113,8 +131,8 @@ __device__ __forceinline__ float quad_sum(float x) {
 }
 
 // S = Q K^T over D = 64: 4 k-steps of m64n128k16, both operands K-major 128B-swizzled.
-// dq: descriptor of this warpgroup's 64 Q rows; dk: descriptor of the K stage. The whole D fits
-// in one 128-B swizzled row, so k-step kk is just +32 B (16 bf16) on both start addresses.
+// dq: descriptor of this warpgroup's 64 Q rows; dk: descriptor of the K stage (its two 64-row
+// boxes back to back read as one [128][64] tile: SBO 1024 walks all 16 eight-row groups).
 // scale_d = 0 on the first k-step overwrites the old S/P.
 __device__ __forceinline__ void issue_qk(float (&s_acc)[64], uint64_t dq, uint64_t dk) {
 #pragma unroll
@@ -136,11 +154,20 @@ __device__ __forceinline__ void issue_pv(float (&o_acc)[32], const uint32_t (&pf
   }
 }
 
+// Columns 64..127 of the half tile (duplicated keys, see the header): S columns 64..127 are
+// registers 32..63 (column 8*(i/4) + 2q + i%2 >= 64 <=> i >= 32). An overwrite, not an add, makes
+// them exactly -inf whatever the scores were, so P = ex2(-inf) = +0.
+__device__ __forceinline__ void mask_upper_half(float (&s_acc)[64]) {
+#pragma unroll
+  for (int i = 32; i < 64; ++i) s_acc[i] = -INFINITY;
+}
+
 __global__ void __launch_bounds__(kThreads, 1)
-    mha_fwd_d64_kernel(const __grid_constant__ CUtensorMap tmQ,
-                       const __grid_constant__ CUtensorMap tmK,
-                       const __grid_constant__ CUtensorMap tmV, __nv_bfloat16* __restrict__ O,
-                       float* __restrict__ LSE, int S, int H, float scale_log2) {
+    mha_fwd_d64_m192_kernel(const __grid_constant__ CUtensorMap tmQ,
+                            const __grid_constant__ CUtensorMap tmK,
+                            const __grid_constant__ CUtensorMap tmV,
+                            __nv_bfloat16* __restrict__ O, float* __restrict__ LSE, int S, int H,
+                            int n_full, float scale_log2) {
   extern __shared__ uint8_t smem_raw[];
   // The dynamic smem base is not guaranteed 1024-aligned: round it up (1 KB extra requested).
   uint8_t* sm = reinterpret_cast<uint8_t*>(
@@ -155,10 +182,17 @@ __global__ void __launch_bounds__(kThreads, 1)
   uint64_t* v_full = bars + 1 + 2 * kStages;
   uint64_t* v_empty = bars + 1 + 3 * kStages;
 
-  const int q_tile = blockIdx.x;
+  const int x = blockIdx.x;
   const int h = blockIdx.y;
   const int b = blockIdx.z;
-  const int n_kv = S / kBN;  // number of K/V tiles (>= 1)
+  // ---- step 0: this CTA's query rows (see num_full_tiles) ----
+  // Tiles 0..n_full-1 have 192 rows; the later ones 128 (or 64 when S == 64). Because S % 64 == 0
+  // and every tile starts on a multiple of 64, the tile's valid rows are exactly the rows of its
+  // first n_active warpgroups: an active warpgroup never holds a row >= S.
+  const int q_start = x < n_full ? kBM * x : kBM * n_full + 128 * (x - n_full);
+  const int n_active = x < n_full ? kConsumers : min(2, (S - q_start) / 64);  // 1..3
+  const int n_kv = (S + kBN - 1) / kBN;           // number of K/V tiles (>= 1)
+  const bool kv_half = (S % kBN) != 0;            // keys S-64..S-1 form a half tile, done first
 
   // ---- step 1: barrier initialisation (one thread), then a CTA-wide barrier ----
   if (threadIdx.x == 0) {
@@ -166,9 +200,11 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
     for (int s = 0; s < kStages; ++s) {
       ptx::mbar_init(&k_full[s], 1);
-      ptx::mbar_init(&k_empty[s], kEmptyArrivals);
+      // One arrival per ACTIVE consumer warp, after its own wgmma_wait retired the group that
+      // read the stage (idle warpgroups exit without ever arriving).
+      ptx::mbar_init(&k_empty[s], 4u * static_cast<uint32_t>(n_active));
       ptx::mbar_init(&v_full[s], 1);
-      ptx::mbar_init(&v_empty[s], kEmptyArrivals);
+      ptx::mbar_init(&v_empty[s], 4u * static_cast<uint32_t>(n_active));
     }
     ptx::fence_mbarrier_init();
     ptx::prefetch_tmap(&tmQ);
@@ -180,26 +216,45 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint32_t wg = ptx::warpgroup_idx();
   if (wg == 0) {
     // ---- step 2: producer warpgroup: Q once, then K_j / V_j through their rings ----
-    ptx::setmaxnreg_dec<40>();
+    ptx::setmaxnreg_dec<kProducerRegs>();
     if (ptx::warp_idx() == 0 && ptx::elect_one_sync()) {
-      // Token coordinate in the flattened [B*S] dimension of the 3-D maps.
-      const int q_tok = b * S + q_tile * kBM;
+      // Token coordinates in the flattened [B*S] dimension of the 3-D maps.
+      const int q_tok = b * S + q_start;
       const int kv_tok0 = b * S;
-      ptx::mbar_arrive_expect_tx(q_full, kTileBytes);
-      ptx::tma_load_3d(sQ, &tmQ, q_full, 0, h, q_tok);  // d 0..63: the whole Q tile
+      // Only the active warpgroups' rows: every loaded row is < S, so tx = n_active boxes.
+      ptx::mbar_arrive_expect_tx(q_full, kBoxBytes * static_cast<uint32_t>(n_active));
+      for (int i = 0; i < n_active; ++i) {
+        ptx::tma_load_3d(sQ + i * kBoxBytes, &tmQ, q_full, 0, h, q_tok + kBoxRows * i);
+      }
       int kst = 0, vst = 0;
       uint32_t kph = 0, vph = 0;
       for (int j = 0; j < n_kv; ++j) {
-        const int tok = kv_tok0 + j * kBN;
-        // K_j: wait until both consumers released this stage (fresh barrier: parity 1 passes).
+        // Tile order: with a half tile, it comes first (its mask is in the consumers' prologue),
+        // then the full tiles 0..n_kv-2; otherwise tiles 0..n_kv-1. Box 1 of the half tile
+        // re-loads keys S-128..S-65 (0..63 when S == 64): real keys of this head, masked.
+        int tok0, tok1;
+        if (kv_half && j == 0) {
+          tok0 = S - kBoxRows;
+          tok1 = S >= kBN ? S - kBN : 0;
+        } else {
+          tok0 = (kv_half ? j - 1 : j) * kBN;
+          tok1 = tok0 + kBoxRows;
+        }
+        tok0 += kv_tok0;
+        tok1 += kv_tok0;
+        // K_j: wait until every active consumer warp released this stage (fresh: parity 1 passes).
         ptx::mbar_wait(&k_empty[kst], kph ^ 1u);
-        ptx::mbar_arrive_expect_tx(&k_full[kst], kTileBytes);
-        ptx::tma_load_3d(sK + kst * kTileBytes, &tmK, &k_full[kst], 0, h, tok);
+        ptx::mbar_arrive_expect_tx(&k_full[kst], kKVTileBytes);
+        uint8_t* kdst = sK + kst * kKVTileBytes;
+        ptx::tma_load_3d(kdst, &tmK, &k_full[kst], 0, h, tok0);
+        ptx::tma_load_3d(kdst + kBoxBytes, &tmK, &k_full[kst], 0, h, tok1);
         if (++kst == kStages) { kst = 0; kph ^= 1u; }
         // V_j: its own ring (it is released later than K_j).
         ptx::mbar_wait(&v_empty[vst], vph ^ 1u);
-        ptx::mbar_arrive_expect_tx(&v_full[vst], kTileBytes);
-        ptx::tma_load_3d(sV + vst * kTileBytes, &tmV, &v_full[vst], 0, h, tok);
+        ptx::mbar_arrive_expect_tx(&v_full[vst], kKVTileBytes);
+        uint8_t* vdst = sV + vst * kKVTileBytes;
+        ptx::tma_load_3d(vdst, &tmV, &v_full[vst], 0, h, tok0);
+        ptx::tma_load_3d(vdst + kBoxBytes, &tmV, &v_full[vst], 0, h, tok1);
         if (++vst == kStages) { vst = 0; vph ^= 1u; }
       }
     }
@@ -207,18 +262,21 @@ __global__ void __launch_bounds__(kThreads, 1)
     return;
   }
 
+  const uint32_t g = wg - 1;  // 0, 1 or 2: query rows q_start + 64g .. + 63
+  // An idle warpgroup (past the end of the sequence) leaves before taking registers: it never
+  // waits, never arrives (the empty counts exclude it) and stores nothing.
+  if (static_cast<int>(g) >= n_active) return;
+
   // ---- step 3: consumer warpgroups: set-up ----
-  ptx::setmaxnreg_inc<232>();
-  const uint32_t g = wg - 1;                  // 0 or 1: query rows 64g .. 64g+63 of the tile
+  ptx::setmaxnreg_inc<kConsumerRegs>();
   const uint32_t t = threadIdx.x % 128u;      // thread in the warpgroup
   const uint32_t warp = t / 32u;
   const uint32_t lane = t % 32u;
   const bool warp_leader = (lane == 0);
   const float c = scale_log2;                 // scale * log2(e)
 
-  // This warpgroup's A descriptor: its 64 Q rows start 64 * 128 B = 8 KB into the Q box
-  // (8 KB is a multiple of the 1024-B swizzle atom: base_offset 0).
-  const uint64_t dq = ptx::make_desc_kmajor_sw128(sQ + g * 8192u);
+  // This warpgroup's A descriptor: its 64 Q rows are box g, 8 KB into the Q region.
+  const uint64_t dq = ptx::make_desc_kmajor_sw128(sQ + g * kBoxBytes);
 
   float s_acc[64];      // S block (fp32), overwritten in place by P (fp32)
   float o_acc[32];      // O accumulator (m64n64), unnormalised
@@ -239,12 +297,13 @@ __global__ void __launch_bounds__(kThreads, 1)
   ptx::mbar_wait(&k_full[kst], kph);
   ptx::fence_regs(s_acc);
   ptx::wgmma_fence();
-  issue_qk(s_acc, dq, ptx::make_desc_kmajor_sw128(sK + kst * kTileBytes));
+  issue_qk(s_acc, dq, ptx::make_desc_kmajor_sw128(sK + kst * kKVTileBytes));
   ptx::wgmma_commit();
   ptx::wgmma_wait<0>();
   ptx::fence_regs(s_acc);
   if (warp_leader) ptx::mbar_arrive(&k_empty[kst]);
   if (++kst == kStages) { kst = 0; kph ^= 1u; }
+  if (kv_half) mask_upper_half(s_acc);  // block 0 is the half tile: drop its duplicated keys
   {
     float mx0 = fmaxf(s_acc[0], s_acc[1]);
     float mx1 = fmaxf(s_acc[2], s_acc[3]);
@@ -253,7 +312,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       mx0 = fmaxf(mx0, fmaxf(s_acc[4 * j + 0], s_acc[4 * j + 1]));
       mx1 = fmaxf(mx1, fmaxf(s_acc[4 * j + 2], s_acc[4 * j + 3]));
     }
-    // c > 0, so max(s) * c == max(s * c).
+    // c > 0, so max(s) * c == max(s * c). Columns 0..63 are always valid keys: m is finite.
     m0 = quad_max(mx0) * c;
     m1 = quad_max(mx1) * c;
     float a0 = 0.f, b0 = 0.f, a1 = 0.f, b1 = 0.f;
@@ -282,11 +341,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   // ---- step 5: steady state: block j's S GEMM and block j-1's P V GEMM in flight together ----
 #pragma unroll 1
   for (int j = 1; j < n_kv; ++j) {
-    // 5a. my turn: issue S_j = Q K_j^T
+    // 5a. issue S_j = Q K_j^T
     ptx::mbar_wait(&k_full[kst], kph);
     ptx::fence_regs(s_acc);
     ptx::wgmma_fence();
-    issue_qk(s_acc, dq, ptx::make_desc_kmajor_sw128(sK + kst * kTileBytes));
+    issue_qk(s_acc, dq, ptx::make_desc_kmajor_sw128(sK + kst * kKVTileBytes));
     ptx::wgmma_commit();                                   // group G_S(j)
     // 5b. O holds sum_{t<j-1} with max m_{j-2}; bring it to m_{j-1} before adding P_{j-1} V_{j-1}.
     // No wgmma in flight touches O here (G_PV(j-2) retired at the end of the last iteration).
@@ -297,12 +356,12 @@ __global__ void __launch_bounds__(kThreads, 1)
       o_acc[i + 2] *= sc1;
       o_acc[i + 3] *= sc1;
     }
-    // 5c. issue O += P_{j-1} V_{j-1}, then hand the turn over
+    // 5c. issue O += P_{j-1} V_{j-1}
     ptx::mbar_wait(&v_full[vst], vph);
     ptx::fence_regs(o_acc);
     fence_frag(pf);
     ptx::wgmma_fence();  // O and P were written by ordinary instructions since the last wgmma
-    issue_pv(o_acc, pf, ptx::make_desc_mnmajor_sw128(sV + vst * kTileBytes, kTileBytes));
+    issue_pv(o_acc, pf, ptx::make_desc_mnmajor_sw128(sV + vst * kKVTileBytes, kKVTileBytes));
     ptx::wgmma_commit();                                   // group G_PV(j-1)
 
     // 5d. S_j ready: release K stage
@@ -343,12 +402,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
 
     // 5f. P V_{j-1} done: release V stage, pack P_j for the next iteration.
-    // Wait for K_{j+1} here rather than only at the top of the next iteration (where the wait
-    // is repeated and then passes at once). Its try_wait loop ends a basic block: without it,
-    // ptxas (nvcc 13.0) hoists the WARPGROUP.DEPBAR of the wait below above all the MUFU.EX2 of
-    // the softmax, which serialises the softmax behind the running P V wgmma and loses the
-    // intra-warpgroup overlap. K_{j+1} is needed next anyway, so this costs nothing. Re-waiting
-    // a completed phase is safe: this stage cannot complete another phase before we release it.
+    // Wait for K_{j+1} here as well as at the top of the next iteration: its try_wait loop ends
+    // a basic block, which keeps ptxas (nvcc 13.0) from hoisting the WARPGROUP.DEPBAR of the
+    // wait below above the softmax's MUFU.EX2 (measured in the 128-row kernel).
     if (j + 1 < n_kv) ptx::mbar_wait(&k_full[kst], kph);
     ptx::wgmma_wait<0>();  // G_PV(j-1) done: O may be touched, P fragments may be rewritten
     ptx::fence_regs(o_acc);
@@ -376,7 +432,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   ptx::fence_regs(o_acc);
   fence_frag(pf);
   ptx::wgmma_fence();
-  issue_pv(o_acc, pf, ptx::make_desc_mnmajor_sw128(sV + vst * kTileBytes, kTileBytes));
+  issue_pv(o_acc, pf, ptx::make_desc_mnmajor_sw128(sV + vst * kKVTileBytes, kKVTileBytes));
   ptx::wgmma_commit();
   ptx::wgmma_wait<0>();
   ptx::fence_regs(o_acc);
@@ -390,7 +446,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   const float inv1 = 1.f / l1;
   const uint32_t r0 = 16u * warp + lane / 4u;  // accumulator rows r0 and r0 + 8 (contracts §2)
   const uint32_t q = lane % 4u;
-  const int row0 = q_tile * kBM + static_cast<int>(g * 64u + r0);  // token index within the batch
+  // Token index within the batch; < S because this warpgroup is active (step 0).
+  const int row0 = q_start + static_cast<int>(g * 64u + r0);
   const int row1 = row0 + 8;
   const size_t tok_stride = static_cast<size_t>(H) * kD;
   __nv_bfloat16* o0 = O + (static_cast<size_t>(b) * S + row0) * tok_stride + static_cast<size_t>(h) * kD;
@@ -411,12 +468,13 @@ __global__ void __launch_bounds__(kThreads, 1)
 }
 
 // 3-D tensor map over a [B, S, H, 64] bf16 tensor: dims {64, H, B*S}, strides {128 B, H*128 B},
-// box {64, 1, 128}, 128B swizzle (box row = 64 bf16 = 128 B = the swizzle span).
+// box {64, 1, 64}, 128B swizzle (box row = 64 bf16 = 128 B = the swizzle span). With
+// S % 64 == 0 a box starting at a multiple of 64 tokens stays inside one batch.
 CUresult make_qkv_map(CUtensorMap* map, const __nv_bfloat16* p, int B, int S, int H) {
   return ptx::make_tmap_3d(map, p, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, kD,
                            static_cast<uint64_t>(H), static_cast<uint64_t>(B) * S,
                            static_cast<uint64_t>(kD) * 2, static_cast<uint64_t>(H) * kD * 2, 64,
-                           1, kBN, CU_TENSOR_MAP_SWIZZLE_128B);
+                           1, kBoxRows, CU_TENSOR_MAP_SWIZZLE_128B);
 }
 
 }  // namespace
@@ -426,8 +484,9 @@ extern "C" int mha_fwd(const __nv_bfloat16* Q, const __nv_bfloat16* K, const __n
                        cudaStream_t stream) {
   if (D != kD || B < 0 || S < 0 || H < 0) return static_cast<int>(cudaErrorInvalidValue);
   if (B == 0 || S == 0 || H == 0) return static_cast<int>(cudaSuccess);
-  // Tiles of 128 queries / 128 keys must not straddle batches in the flattened B*S map.
-  if (S % kBM != 0 || S % kBN != 0) return static_cast<int>(cudaErrorInvalidValue);
+  // 64-token boxes must not straddle batches in the flattened B*S map; TMA coordinates are int32.
+  if (S % kBoxRows != 0) return static_cast<int>(cudaErrorInvalidValue);
+  if (static_cast<int64_t>(B) * S > INT_MAX) return static_cast<int>(cudaErrorInvalidValue);
   if (H > 65535 || B > 65535) return static_cast<int>(cudaErrorInvalidValue);
   if ((reinterpret_cast<uintptr_t>(O) % 4) != 0) return static_cast<int>(cudaErrorInvalidValue);
 
@@ -439,13 +498,15 @@ extern "C" int mha_fwd(const __nv_bfloat16* Q, const __nv_bfloat16* K, const __n
   }
 
   const cudaError_t attr =
-      ptx::set_max_dynamic_smem(mha_fwd_d64_kernel, static_cast<int>(kSmemBytes));
+      ptx::set_max_dynamic_smem(mha_fwd_d64_m192_kernel, static_cast<int>(kSmemBytes));
   if (attr != cudaSuccess) return static_cast<int>(attr);
 
   const float scale_log2 =
       static_cast<float>(1.4426950408889634 / std::sqrt(static_cast<double>(kD)));
-  const dim3 grid(S / kBM, H, B);
-  mha_fwd_d64_kernel<<<grid, kThreads, kSmemBytes, stream>>>(tmQ, tmK, tmV, O, LSE, S, H,
-                                                            scale_log2);
+  const int units = S / 64;
+  const int n_full = num_full_tiles(units);
+  const dim3 grid(num_q_tiles(units), H, B);
+  mha_fwd_d64_m192_kernel<<<grid, kThreads, kSmemBytes, stream>>>(tmQ, tmK, tmV, O, LSE, S, H,
+                                                                 n_full, scale_log2);
   return static_cast<int>(cudaGetLastError());
 }

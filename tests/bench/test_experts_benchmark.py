@@ -40,7 +40,6 @@ def test_it_takes_every_shipped_expert_and_every_draft_once_per_task() -> None:
     ]
     assert experts.kernels("all", "MHAFwd-d64") == [
         ("expert/mha_fwd_d64.cu", "PTX-H100-MHAFwd-d64"),
-        ("expert/drafts/mha_fwd_d64_m192.cu", "PTX-H100-MHAFwd-d64"),
     ]
 
 

@@ -1,4 +1,5 @@
-"""Desk checks for examples/expert/drafts/gqa_prefill.cu (CPU only, numpy).
+"""Desk checks for examples/expert/gqa_prefill.cu (CPU only, numpy). Written while the
+kernel was a draft in this folder; it stays here because it imports this folder's deskcheck.py.
 
 1. plan / work decomposition: the plan kernel's counting sort and the CTA -> (tile, heads) map,
    for the task's 5 workloads and odd cases: every (sequence, query row, query head) written

@@ -1,4 +1,6 @@
-"""Desk checks of mha_fwd_d64_m192.cu (CPU only): ``python examples/expert/drafts/m192_check.py``.
+"""Desk checks of examples/expert/mha_fwd_d64.cu, the 192-row d64 forward (drafted here as
+mha_fwd_d64_m192.cu; shipped after its H200 run). CPU only:
+``python examples/expert/drafts/m192_check.py``.
 
 Each part mirrors the kernel's own formulas (query tiling, tile order, box coordinates, mask,
 barrier counts) and fails (exit 1) on the first wrong result:
@@ -20,8 +22,9 @@ barrier counts) and fails (exit 1) on the first wrong result:
    later moment, and each active consumer warp, for n_active 1..3 and n_kv 1..13, 6 stages and
    2 (to stress the ring): no deadlock, every read sees the complete tile it expects, no box
    lands in a stage that a warp may still be reading, every barrier ends between phases;
-6. a list-scheduling model of the grid on 132 SMs (informational numbers for the README, and
-   the claim that the 128+128 tail is never worse than a 64-row tail);
+6. a list-scheduling model of the grid on 132 SMs (informational numbers for
+   examples/expert/README.md, and the claim that the 128+128 tail is never worse than a 64-row
+   tail);
 7. a toy clock model of one SM sub-partition running the loop with 2 or 3 consumer warps
    (tensor core FIFO, MUFU occupancy, one issue per clock): informational, asserts only that 3
    warpgroups are never slower in it.
@@ -51,7 +54,7 @@ SMS = 132
 
 
 # ---------------------------------------------------------------------------------------------
-# Kernel formulas (mirrors of mha_fwd_d64_m192.cu)
+# Kernel formulas (mirrors of examples/expert/mha_fwd_d64.cu)
 # ---------------------------------------------------------------------------------------------
 def num_full_tiles(units: int) -> int:
     if units % 3 == 1:
@@ -401,10 +404,10 @@ def makespan(durations: list[float], sms: int = SMS) -> float:
 
 
 def grid_durations(s: int, heads: int, tiling: str, gain: float, t_one: float) -> list[float]:
-    """CTA durations in units of one 128-row CTA of the shipped kernel.
+    """CTA durations in units of one CTA of the 128-row predecessor kernel.
 
     A 3-warpgroup CTA does 1.5 x the work at (1 + gain) x the throughput; a 2-warpgroup CTA is the
-    shipped kernel; a 1-warpgroup CTA takes t_one.
+    128-row kernel's; a 1-warpgroup CTA takes t_one.
     """
     units = s // 64
     if tiling == "m128":

@@ -12,8 +12,8 @@
 // consumer warpgroups keeping dK_g/dV_g in registers, one dS^T barrier per tile, double-buffered
 // dS^T, fp32 dQ through a TMA reduce-add, post kernel) is the d128 draft's. What changes:
 //   * d64, boxes: a row of 64 bf16 is 128 B = one 128B-swizzle atom column, so every tile is ONE
-//     TMA box (as examples/expert/mha_fwd_d64.cu did to the d128 forward): K, V [128][64] = 16 KB,
-//     Q, dO [64][64] = 8 KB. Tensor maps {64, H, B*S}, strides {128 B, H*128 B}.
+//     TMA box (as the 128-row d64 forward, mha_fwd_d64.cu's predecessor, did to the d128
+//     forward): K, V [128][64] = 16 KB, Q, dO [64][64] = 8 KB. Tensor maps {64, H, B*S}, strides {128 B, H*128 B}.
 //   * d64, G1/G2 (S^T = K_g Q^T, dP^T = V_g dO^T): m64n64k16 SS, 4 k-steps over d, k-step kk =
 //     +32 B inside the swizzled row (no second box). A = K_g / V_g rows 64g.. (+8 KB), B = the
 //     Q / dO stage, both K-major (desc LBO 16, SBO 1024).
