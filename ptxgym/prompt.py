@@ -185,6 +185,14 @@ def _tolerances(task: Task) -> str:
     return "; ".join(f"{name}: {value}" for name, value in text.items())
 
 
+def _outlier_tolerance(task: Task) -> str:
+    """The outlier stage's own tolerance, where the task sets one."""
+    tolerance = task.outlier_tolerance
+    if tolerance is None:
+        return ""
+    return f" (checked with atol={tolerance.atol:g}, rtol={tolerance.rtol:g})"
+
+
 def _evaluation_section(task: Task) -> str:
     return "\n".join(
         [
@@ -196,7 +204,7 @@ def _evaluation_section(task: Task) -> str:
             "must match; `allclose(out, ref, "
             f"{_tolerances(task)})` against a float32 reference; no "
             "NaN/Inf; inputs must be unchanged after the call. A second stage repeats the check "
-            "on inputs with a few large outliers.",
+            "on inputs with a few large outliers" + _outlier_tolerance(task) + ".",
             f"3. Timing: {WARMUP_CALLS} warm-up and then {TIMED_CALLS} timed calls per trial, "
             f"{TRIALS} trials, median per trial, "
             "device time of all work your call launches on any stream, L2 flushed before each "

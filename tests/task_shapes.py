@@ -74,8 +74,11 @@ def baseline_check(
     inputs: Mapping[str, torch.Tensor],
     outputs: Mapping[str, torch.Tensor],
     references: Mapping[str, torch.Tensor],
+    *,
+    outliers: bool = False,
 ) -> CheckReport:
-    """The task's own check of a baseline's outputs against the reference. ``torch.topk``
+    """The task's own check of a baseline's outputs against the reference (``outliers``: the
+    outlier stage's inputs, checked with its tolerance). ``torch.topk``
     orders equal values as it likes, where the contract puts the smaller index first: its
     indices are checked to point at its values instead, and its values as usual."""
     outputs = dict(outputs)
@@ -84,4 +87,6 @@ def baseline_check(
         assert bool((picked == outputs["values"]).all()), "topk: indices do not hold the values"
         outputs["indices"] = references["indices"].to(outputs["indices"].dtype)
     axes = task.axis_values(workload)
-    return check_outputs(task, "baseline", workload.name, axes, outputs, references)
+    return check_outputs(
+        task, "baseline", workload.name, axes, outputs, references, outliers=outliers
+    )

@@ -75,14 +75,17 @@ def check_outputs(
     axes: dict[str, int],
     outputs: dict[str, torch.Tensor],
     references: dict[str, torch.Tensor],
+    *,
+    outliers: bool = False,
 ) -> CheckReport:
-    """Check every output of the definition; ``outputs`` may come from an untrusted process."""
+    """Check every output of the definition; ``outputs`` may come from an untrusted process.
+    ``outliers``: the inputs were the outlier stage's (its tolerance may be the task's own)."""
     checks = []
     for name, spec in task.definition.outputs.items():
         if name not in outputs:
             checks.append(OutputCheck(name, False, "shape", "the output was not returned"))
             continue
-        tolerance = task.tolerance_for(name)
+        tolerance = task.tolerance_for(name, outliers=outliers)
         checks.append(_check_one(name, spec, axes, outputs[name], references[name], tolerance))
     return CheckReport(stage, workload, tuple(checks))
 

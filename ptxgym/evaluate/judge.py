@@ -1104,10 +1104,12 @@ class _ReferenceChecks:
 
     def stage(self, workload: str, stage: str, outputs: dict[str, Any]) -> CheckReport:
         state = self.states[workload]
-        references = next(s.references for s in state.stages if s.name == stage)
+        checked = next(s for s in state.stages if s.name == stage)
         started = time.perf_counter()
         try:
-            return self._compare(state, stage, outputs, lambda: references)
+            return self._compare(
+                state, stage, outputs, lambda: checked.references, outliers=checked.outliers
+            )
         finally:
             self.compare_seconds += time.perf_counter() - started
 
@@ -1127,6 +1129,8 @@ class _ReferenceChecks:
         label: str,
         outputs: dict[str, Any],
         references: Callable[[], dict[str, Any]],
+        *,
+        outliers: bool = False,
     ) -> CheckReport:
         try:
             # Read back once per output (check_outputs), which syncs the stream: all of this
@@ -1134,7 +1138,15 @@ class _ReferenceChecks:
             with self.judge.check_stream():
                 on_gpu = {name: tensor.to("cuda") for name, tensor in outputs.items()}
                 axes = self.task.axis_values(state.spec)
-                return check_outputs(self.task, label, state.spec.name, axes, on_gpu, references())
+                return check_outputs(
+                    self.task,
+                    label,
+                    state.spec.name,
+                    axes,
+                    on_gpu,
+                    references(),
+                    outliers=outliers,
+                )
         except self.judge.torch.cuda.OutOfMemoryError:
             raise CheckUnavailable(
                 f"the GPU ran out of memory while its outputs were checked "

@@ -180,6 +180,7 @@ _TASK_FIELDS = {
     "callables",
     "entry_point",
     "tolerance",
+    "outlier_tolerance",
     "turns",
     "flops",
     "bytes",

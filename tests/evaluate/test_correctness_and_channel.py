@@ -73,6 +73,19 @@ def test_worst_ratio_is_how_far_past_its_tolerance_the_worst_element_is() -> Non
     assert passing.ok and passing.outputs[0].worst_ratio == pytest.approx(0.5 / 1.01, rel=1e-3)
 
 
+def test_the_outlier_stage_is_checked_with_the_tasks_outlier_tolerance() -> None:
+    from ptxgym.tasks import Tolerance
+
+    loose = GEMM.model_copy(update={"outlier_tolerance": Tolerance(atol=0.1, rtol=0.1)})
+    ref = {"C": torch.full((6, 5), 1.0)}
+    out = {"C": torch.full((6, 5), 1.125).bfloat16()}  # 0.125 off: 0.02 allowed, or 0.2
+    assert not check_outputs(loose, "trial0", "w", AXES, out, ref).ok
+    outliers = check_outputs(loose, "outliers", "w", AXES, out, ref, outliers=True)
+    assert outliers.ok and outliers.outputs[0].worst_ratio == pytest.approx(0.125 / 0.2)
+    # A task without one checks its outlier stage like the others.
+    assert not check_outputs(GEMM, "outliers", "w", AXES, out, ref, outliers=True).ok
+
+
 @pytest.mark.parametrize(
     ("out", "problem"),
     [(torch.zeros(6, 4, dtype=torch.bfloat16), "shape"), (torch.zeros(6, 5), "dtype")],

@@ -70,7 +70,7 @@ def test_reference_agrees_with_the_baseline_on_every_workload(task: Task) -> Non
             inputs = make_inputs(task, workload, seed=11, outliers=outliers, device="cuda")
             references = resolve_callable(task.callables.reference)(inputs, **task.callables.params)
             run = resolve_callable(task.callables.baseline)(inputs, **task.callables.params)
-            report = baseline_check(task, workload, inputs, run(), references)
+            report = baseline_check(task, workload, inputs, run(), references, outliers=outliers)
             # Every output's worst ratio, the passing ones' too: what a tolerance would ask.
             assert report.ok, [
                 (task.id, workload.name, outliers, o.name, o.worst_ratio, o.detail, o.worst[:2])
