@@ -61,8 +61,37 @@ def test_a_row_shows_the_workloads_range_and_what_executed() -> None:
     table = experts.markdown([decode])
     assert table.splitlines()[-1] == (
         "| expert/gqa_decode.cu | PTX-H100-GQADecode | PASSED | True (UBLKCP 65,536) | 2.5017 "
-        "| 2.6240 | 1.049 (0.988-1.260) | 2 | 0.2% | 0 |"
+        "| 2.6240 | 1.049 (0.988-1.260) | 2 | 0.2% | 0 | – |"
     )
+
+
+def test_a_failed_row_shows_how_far_past_its_tolerance_each_output_was() -> None:
+    experts = load_benchmark()
+    checks = [
+        {"stage": "trial0", "outputs": [{"name": "dQ", "ok": True, "worst_ratio": 0.4}]},
+        {
+            "stage": "outliers",
+            "outputs": [
+                {"name": "dQ", "ok": False, "worst_ratio": 11.64},
+                {"name": "dV", "ok": False, "worst_ratio": 3.5},
+            ],
+        },
+    ]
+    outcome = {"status": "INCORRECT_NUMERICAL", "message": "", "checks": checks}
+    failed = experts.row("expert/drafts/mha_bwd_d128.cu", "PTX-H100-MHABwd-d128", outcome, 1.0)
+    assert failed["worst_ratios"] == {"outliers:dQ": 11.64, "outliers:dV": 3.5}
+    assert experts.markdown([failed]).endswith("| outliers:dQ 11.6, outliers:dV 3.5 |")
+
+
+def test_a_variant_sets_one_constexpr_and_refuses_a_missing_one() -> None:
+    experts = load_benchmark()
+    source = "constexpr int kStages = 3;  // depth\nconstexpr int kHeadsPerCta = 4;\n"
+    varied = experts.with_settings(source, {"kHeadsPerCta": "2"}, "f.cu")
+    assert varied == "constexpr int kStages = 3;  // depth\nconstexpr int kHeadsPerCta = 2;\n"
+    with pytest.raises(SystemExit, match="0 definitions of constexpr kGroupM"):
+        experts.with_settings(source, {"kGroupM": "16"}, "f.cu")
+    with pytest.raises(SystemExit, match="NAME=VALUE"):
+        experts.parse_settings(["kStages"])
 
 
 def test_without_a_gpu_it_says_so() -> None:
