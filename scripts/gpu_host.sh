@@ -98,6 +98,14 @@ if [[ $what == experts || $what == all ]]; then
 fi
 if [[ $what == ray ]]; then
   pytest_args=()  # the args are the benchmark's
+  # A wheel trimmed before 8ffb7a5 lost the mode bits of Ray's own programs: say so here, not
+  # as a PermissionError from deep inside ray.init.
+  for program in "$site"/ray/core/src/ray/gcs/gcs_server "$site"/ray/core/src/ray/raylet/raylet; do
+    if [[ -f $program && ! -x $program ]]; then
+      echo "== ray: $program is not executable: make .whl-ray again (scripts/carry_wheels.sh ray)"
+      exit 1
+    fi
+  done
   gpu_tests ray tests/evaluate/test_ray_pool.py || status=1
   echo "== ray: $(tail -n 1 "$out/pytest-gpu-ray.log")"
   python3 benchmarks/ray_scaling.py --out "$out/ray_scaling" "$@" || status=1
