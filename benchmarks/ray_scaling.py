@@ -918,6 +918,11 @@ def all_checks_hold(results: dict[str, Any]) -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_arguments(argv)
+    if args.judge == "gpu" and args.ray_address is None and cuda_device_count() == 0:
+        raise SystemExit(
+            "ray_scaling.py with GPU judges needs an NVIDIA GPU on this machine, and none is "
+            "visible (--judge compile-only for a dry run, --ray-address for a cluster's GPUs)"
+        )
     # The pool's own warnings (a death, a replacement, a retry) go to stderr with the steps.
     logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
     args.out.mkdir(parents=True, exist_ok=True)

@@ -172,3 +172,52 @@ def test_one_ray_gpu_must_keep_ninety_percent_of_the_local_evaluators_rate() -> 
     ]
     assert rows[0]["ratio"] == pytest.approx(1700 / 1800)
     assert benchmark.against_local(pool, local[:1], "compile-only")[0]["verdict"] == "dry run"
+
+
+def test_with_gpu_judges_and_no_gpu_it_says_so_at_once(tmp_path: Path) -> None:
+    benchmark = load_benchmark()
+    if benchmark.cuda_device_count():
+        pytest.skip("a GPU is visible: the run would measure for minutes, not refuse")
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), "--out", str(tmp_path), "--trajectories", "--local"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode != 0
+    assert "needs an NVIDIA GPU" in done.stderr and "compile-only" in done.stderr
+
+
+def test_an_example_against_local_needs_equal_statuses_and_speedups_within_two_percent() -> None:
+    benchmark = load_benchmark()
+
+    def run(label: str, speedups: list[float], statuses: dict[str, int]) -> dict[str, Any]:
+        median = sorted(speedups)[len(speedups) // 2] if speedups else None
+        entry = {"label": label, "statuses": statuses, "speedups": speedups, "error": None}
+        return {**entry, "median": median}
+
+    examples = [
+        {
+            "task": "PTX-H100-GEMM",
+            "example": "expert/gemm.cu",
+            "runs": [run("local", [0.915], {"PASSED": 3}), run("Ray", [0.916], {"PASSED": 3})],
+            "largest_difference": 0.0011,
+            "same_statuses": True,
+            "within_tolerance": True,
+        },
+        {
+            "task": "PTX-H100-GQADecode",
+            "example": "expert/gqa_decode.cu",
+            "runs": [run("local", [1.05], {"PASSED": 3}), run("Ray", [], {"TIMEOUT": 3})],
+            "largest_difference": None,
+            "same_statuses": False,
+            "within_tolerance": False,
+        },
+    ]
+    table = benchmark.speedup_lines(examples, "through both")
+    assert "| local | Ray | largest difference | same statuses | within 2% |" in table[2]
+    assert table[-1].endswith("| n/a | **no** | **no** |")
+    results = {"pools": [], "levels": [], "ratios": [], "examples_against_local": examples}
+    assert not benchmark.all_checks_hold(results)
+    results["examples_against_local"] = examples[:1]
+    assert benchmark.all_checks_hold(results)

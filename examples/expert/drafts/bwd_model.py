@@ -15,10 +15,15 @@ each draft's own scripts, which pass it to the models here:
   deskcheck.py;
 * the shared-memory checks (``bwd_*desc_check.py``): the dS^T stores of both warpgroups, the RS
   A fragments and the dQ staging -> dQacc -> post kernel layout.
+
+mha_bwd_causal_d64.cu, the fourth backward draft, runs the same schedule; its scripts
+(``bwd_causal_d64_*.py``) also use the causal models at the end of this module (tile order,
+diagonal mask, causal trip counts, CTA order).
 """
 
 from __future__ import annotations
 
+import heapq
 import random
 from collections.abc import Callable, Iterable, Iterator
 
@@ -238,8 +243,8 @@ class BwdSyncSim:
     the stage / the dS^T buffer from issue until the wait that retires it".
 
     A draft's script subclasses it for what its kernel changes: the stage count and copies
-    (STAGES, PARTS, KV_BOXES), the query tiles (q_off, n_it, next_tile), the trip counts and
-    which warpgroup runs G5 (g5_runs). Bugs (negative controls) shared by all drafts:
+    (STAGES, PARTS, KV_BOXES, KV_BOX_BYTES), the query tiles (q_off, n_it, next_tile), the trip
+    counts and which warpgroup runs G5 (g5_runs). Bugs (negative controls) shared by all drafts:
     "one_ds_buffer", "early_release", "parity" and "arrive_only" (the warpgroup without G5 only
     arrives at the dS^T barrier)."""
 
@@ -252,7 +257,8 @@ class BwdSyncSim:
         ("LSE", 256),
         ("Dr", 256),
     )
-    KV_BOXES = 4  # of 16 KB each
+    KV_BOXES = 4  # of KV_BOX_BYTES each
+    KV_BOX_BYTES = 16384
 
     def __init__(self, n_q: int, rng: random.Random, bug: str = "") -> None:
         self.rng = rng
@@ -310,11 +316,11 @@ class BwdSyncSim:
     def kv_copy(self):
         yield True
         self.kv_loaded += 1
-        self.kv_full.complete_tx(16384)
+        self.kv_full.complete_tx(self.KV_BOX_BYTES)
         yield True
 
     def producer(self):
-        self.kv_full.arrive(self.KV_BOXES * 16384)
+        self.kv_full.arrive(self.KV_BOXES * self.KV_BOX_BYTES)
         for _ in range(self.KV_BOXES):
             self.actors.append(self.kv_copy())
         yield True
@@ -480,18 +486,20 @@ def check_rs_fragments() -> int:
     return wrong
 
 
-def check_dq_layout(halves: int, tile_floats: int, post_tile_div: int) -> int:
+def check_dq_layout(halves: int, tile_floats: int, post_tile_div: int, chunks: int = 8) -> int:
     """Staging float4 (c, t) -> global fragment layout -> post kernel's inverse map.
 
-    The dQ tile of a query tile is `halves` [64][64] fp32 staging boxes (one per warpgroup's 64
-    d columns), `tile_floats` floats in dQacc (2-D map {64, rows}); the post kernel decodes the
-    float4 index idx as thread idx % 128, chunk (idx / 128) % 8, half (idx / 1024) % halves and
-    tile idx / post_tile_div. Every (query, d) must round-trip exactly once and every box row
-    stay inside the map.
+    The dQ tile of a query tile is `halves` [64][8 chunks] fp32 staging boxes (one per
+    warpgroup's 8 chunks d columns; chunks = 8: [64][64], chunks = 12: the d96 drafts' [64][96],
+    one box of 96 rows of the map), `tile_floats` floats in dQacc (2-D map {64, rows}); the post
+    kernel decodes the float4 index idx as thread idx % 128, chunk (idx / 128) % chunks, half
+    (idx / (128 chunks)) % halves and tile idx / post_tile_div. Every (query, d) must round-trip
+    exactly once and every box row stay inside the map.
     """
     n_q, H, B = 4, 3, 2
     S = 64 * n_q
     rows_per_tile = tile_floats // 64
+    box_rows = 8 * chunks  # rows of 64 floats in one staging box (64 for [64][64])
     seen: dict[tuple, int] = {}
     wrong = 0
     for b in range(B):
@@ -499,36 +507,142 @@ def check_dq_layout(halves: int, tile_floats: int, post_tile_div: int) -> int:
             for qt in range(n_q):
                 for g in range(halves):
                     # kernel: tensor-map row (64 floats) of this half, box of 64 rows
-                    row0 = (b * H + h) * n_q * rows_per_tile + qt * rows_per_tile + g * 64
+                    row0 = (b * H + h) * n_q * rows_per_tile + qt * rows_per_tile + g * box_rows
                     for t in range(128):
-                        for c in range(8):
+                        for c in range(chunks):
                             for e in range(4):
                                 # staging byte (128c + t) * 16 + 4e, box row-major [64][64] fp32
                                 sbyte = (128 * c + t) * 16 + 4 * e
                                 gfloat = row0 * 64 + sbyte // 4
                                 qrow, dcol = acc_coord(t, 4 * c + e)  # m64n64: row = q, col = d
-                                truth = (b, qt * 64 + qrow, h, 64 * g + dcol)
+                                truth = (b, qt * 64 + qrow, h, 8 * chunks * g + dcol)
                                 # post kernel: idx = float4 index, element e of it
                                 idx = gfloat // 4
                                 assert gfloat % 4 == e
                                 tt = idx % 128
-                                cc = (idx // 128) % 8
-                                gg = (idx // 1024) % halves
+                                cc = (idx // 128) % chunks
+                                gg = (idx // (128 * chunks)) % halves
                                 tile = idx // post_tile_div
                                 qq = tile % n_q
                                 bh = tile // n_q
                                 hh, bb = bh % H, bh // H
                                 r0 = 16 * (tt // 32) + (tt % 32) // 4
-                                col = 64 * gg + 8 * cc + 2 * (tt % 4)
+                                col = 8 * chunks * gg + 8 * cc + 2 * (tt % 4)
                                 post = (bb, qq * 64 + r0 + 8 * (e // 2), hh, col + (e % 2))
                                 wrong += post != truth
                                 seen[truth] = seen.get(truth, 0) + 1
-    full = B * S * H * 64 * halves
-    max_row = (B * H * n_q - 1) * rows_per_tile + 64 * (halves - 1) + 63
+    full = B * S * H * 8 * chunks * halves
+    max_row = (B * H * n_q - 1) * rows_per_tile + box_rows * (halves - 1) + box_rows - 1
     ok = wrong == 0 and len(seen) == full and all(v == 1 for v in seen.values())
-    ok &= max_row < B * S * H * halves
+    ok &= max_row < B * S * H * halves * chunks // 8
     print(
         f"{'dQ staging -> dQacc fragment layout -> post kernel':>58}: "
         f"{'OK' if ok else f'{wrong} wrong, {len(seen)}/{full} covered'}"
     )
     return 0 if ok else 1
+
+
+# ---------------------------------------------------------------------------------------------
+# Causal drafts: tile order, diagonal mask, synchronisation trip counts and CTA order
+# (used by bwd_causal_d64_*.py; the d128 causal scripts keep their own copies of the same models)
+# ---------------------------------------------------------------------------------------------
+def causal_query_tiles(kt: int, n_q: int) -> range:
+    """The causal drafts' query tile order: CTA kt visits tiles 2kt .. n_q - 1, no wrap."""
+    return range(2 * kt, n_q)
+
+
+def causal_mask_tile(g: int, it: int) -> np.ndarray:
+    """The causal drafts' mask for consumer g at iteration it <= g, as a [64 keys][64 queries]
+    array (True = masked), built from each thread's predicate on its S^T registers as the kernels
+    evaluate it: register 4j+e masked iff 8j + (e & 1) < lim, lim0 = r0 + 64(g - it) - 2q4 for
+    e < 2 and lim1 = lim0 + 8 for e >= 2. Asserts the register map covers the tile once."""
+    m = np.zeros((64, 64), dtype=bool)
+    seen = np.zeros((64, 64), dtype=int)
+    for t in range(128):
+        lane = t % 32
+        r0, q4 = 16 * (t // 32) + lane // 4, lane % 4
+        lim0 = r0 + 64 * (g - it) - 2 * q4
+        lim1 = lim0 + 8
+        for j in range(8):
+            for e, lim in ((0, lim0), (1, lim0), (2, lim1), (3, lim1)):
+                row, col = acc_coord(t, 4 * j + e)
+                m[row, col] = 8 * j + (e % 2) < lim
+                seen[row, col] += 1
+    assert np.all(seen == 1), "register map does not cover the tile once"
+    return m
+
+
+def check_causal_mask_claims(S: int, masks: dict) -> None:
+    """Asserts the causal drafts' structural claims against the dense causal mask, for every
+    (kt, qt, g): with it = qt - 2kt, masks[(g, it)] equals "key > query" where it <= g; a tile
+    with it > g has no masked pair; a skipped tile (it < 0) is entirely masked."""
+    full = causal_mask(S).T  # [key][query]: True where key > query
+    for kt in range(S // BN):
+        for qt in range(S // BM):
+            for g in range(2):
+                keys = slice(kt * BN + 64 * g, kt * BN + 64 * g + 64)
+                tile = full[keys, qt * BM : qt * BM + BM]
+                it = qt - 2 * kt
+                if it < 0:
+                    assert tile.all(), f"skipped tile kt {kt} qt {qt} has an unmasked pair"
+                elif it <= g:
+                    assert np.array_equal(masks[(g, it)], tile), f"mask wrong kt {kt} it {it} g {g}"
+                else:
+                    assert not tile.any(), f"unmasked tile kt {kt} it {it} g {g} needs a mask"
+
+
+class CausalSyncSim(BwdSyncSim):
+    """BwdSyncSim with the causal trip counts: CTA kt streams query tiles 2kt .. n_q - 1
+    (n_it = n_q - 2kt), producer and consumers alike, without wrap-around; at the end every copy
+    the producer issued must have been consumed (one still landing after the consumers exit
+    writes into freed shared memory). Extra bugs: "producer_n_q" (the producer runs the
+    non-causal n_q tiles) and "consumer_extra" (a consumer runs one tile too many)."""
+
+    def __init__(self, n_q: int, rng: random.Random, kt: int, bug: str = "") -> None:
+        super().__init__(n_q, rng, bug)
+        self.q_off = 2 * kt
+        self.n_it = n_q - 2 * kt
+
+    def next_tile(self, qt: int) -> int:
+        return qt + 1
+
+    def producer_trips(self) -> int:
+        return self.n_q if self.bug == "producer_n_q" else self.n_it
+
+    def consumer_trips(self) -> int:
+        return self.n_it + (1 if self.bug == "consumer_extra" else 0)
+
+    def check_end(self) -> None:
+        consumed = len(self.PARTS) * self.n_it
+        if self.issued != consumed or self.landed != consumed:
+            self.errors.append(f"issued {self.issued} copies, consumed {consumed}")
+        super().check_end()
+
+
+def list_makespan(costs: Iterable[float], sms: int = 132, start: float = 1.0) -> float:
+    """Greedy list scheduling of CTAs in launch order: each goes to the SM that frees first and
+    occupies it for its cost plus `start`; returns the time the last SM finishes."""
+    free = [0.0] * sms
+    heapq.heapify(free)
+    for c in costs:
+        t = heapq.heappop(free)
+        heapq.heappush(free, t + c + start)
+    return max(free)
+
+
+def causal_cta_order(n_kt: int, bh: int, group: int) -> list[int]:
+    """kt of each CTA in launch order, blockIdx.x decoded exactly as the causal kernels do (groups
+    of `group` heads, key tile slower than head inside a group); asserts that every (kt, head)
+    occurs once."""
+    out = []
+    seen = set()
+    for bid in range(n_kt * bh):
+        grp = bid // (n_kt * group)
+        gsize = min(group, bh - grp * group)
+        in_grp = bid - grp * n_kt * group
+        kt, head = in_grp // gsize, grp * group + in_grp % gsize
+        assert 0 <= kt < n_kt and 0 <= head < bh and (kt, head) not in seen
+        seen.add((kt, head))
+        out.append(kt)
+    assert len(seen) == n_kt * bh
+    return out

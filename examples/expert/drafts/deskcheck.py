@@ -85,6 +85,22 @@ def make_desc128(start: int, lbo: int, sbo: int) -> int:
     return dc.make_desc(start, SPAN, lbo, sbo)
 
 
+SPAN64 = 64  # the d96 drafts' boxes are [rows][32] bf16 with CU_TENSOR_MAP_SWIZZLE_64B
+
+
+def tma_box_sw64(smem: Smem, base: int, name: str, rows: int, d0: int) -> None:
+    """One TMA box [rows][32] bf16 of tensor `name`, columns d0.., written at `base` with the 64B
+    swizzle (64-B rows), as ../mha_fwd_d96.cu loads its tiles."""
+    for r in range(rows):
+        for e in range(32):
+            smem[dc.swizzle(base + r * 64 + 2 * e, SPAN64)] = (name, r, d0 + e)
+
+
+def make_desc64(start: int, lbo: int, sbo: int) -> int:
+    """ptx::make_smem_desc with layout 2 (64B swizzle)."""
+    return dc.make_desc(start, SPAN64, lbo, sbo)
+
+
 def wrong_reads(
     smem: Smem,
     desc: int,

@@ -40,9 +40,9 @@
 //   S must be a multiple of 128 (cudaErrorInvalidValue otherwise).
 //
 // The d64 draft's own header (its changes to mha_bwd_d128.cu, each marked "d64"), unchanged.
-// The structure (pre kernel, memset, main kernel with 1 producer + 2
-// consumer warpgroups keeping dK_g/dV_g in registers, one dS^T barrier per tile, double-buffered
-// dS^T, fp32 dQ through a TMA reduce-add, post kernel) is the d128 draft's. What changes:
+// The structure (pre kernel, memset, main kernel with 1 producer + 2 consumer warpgroups keeping
+// dK_g/dV_g in registers, one dS^T barrier per tile, double-buffered dS^T, fp32 dQ through a TMA
+// reduce-add, post kernel) is the d128 draft's. What d64 changes:
 //   * d64, boxes: a row of 64 bf16 is 128 B = one 128B-swizzle atom column, so every tile is ONE
 //     TMA box (as the 128-row d64 forward, mha_fwd_d64.cu's predecessor, did to the d128
 //     forward): K, V [128][64] = 16 KB, Q, dO [64][64] = 8 KB. Tensor maps {64, H, B*S},
@@ -94,9 +94,9 @@ constexpr int kBN = 128;       // keys per CTA: 2 consumer warpgroups x 64
 constexpr int kBM = 64;        // queries per streamed tile
 constexpr int kStages = 4;     // d64: depth of the (Q, dO, LSE, Dr) ring (2 at d128)
 constexpr int kThreads = 384;  // producer WG + 2 consumer WGs
-// Visit the query tiles of CTA kt starting at tile 2*kt (mod S/64) instead of 0, so the 32
-// CTAs of a head reduce into different dQ tiles at any moment. Off = FA3's plain order.
-constexpr bool kStaggerQ = false;
+// causal: (b, h) heads per group of the CTA order (key tile slower than head inside a group).
+constexpr int kHeadGroup = 4;
+static_assert(kBN == 2 * kBM, "causal: the diagonal logic assumes 2 query tiles per key tile");
 
 // TMA boxes, all [rows][64 bf16] = rows x 128 B, 128B-swizzled (one K-major swizzle-atom column).
 // d64: one box per tile (the d128 draft needed two, for d 0..63 and 64..127).
@@ -233,14 +233,14 @@ __global__ void __launch_bounds__(256) bwd_pre_kernel(const __nv_bfloat16* __res
 }
 
 __global__ void __launch_bounds__(kThreads, 1)
-    mha_bwd_d64_kernel(const __grid_constant__ CUtensorMap tmQ,
-                       const __grid_constant__ CUtensorMap tmK,
-                       const __grid_constant__ CUtensorMap tmV,
-                       const __grid_constant__ CUtensorMap tmdO,
-                       const __grid_constant__ CUtensorMap tmDQ, const float* __restrict__ LSE,
-                       const float* __restrict__ Dr, __nv_bfloat16* __restrict__ dK,
-                       __nv_bfloat16* __restrict__ dV, int S, int H, float scale,
-                       float scale_log2) {
+    mha_bwd_causal_d64_kernel(const __grid_constant__ CUtensorMap tmQ,
+                              const __grid_constant__ CUtensorMap tmK,
+                              const __grid_constant__ CUtensorMap tmV,
+                              const __grid_constant__ CUtensorMap tmdO,
+                              const __grid_constant__ CUtensorMap tmDQ,
+                              const float* __restrict__ LSE, const float* __restrict__ Dr,
+                              __nv_bfloat16* __restrict__ dK, __nv_bfloat16* __restrict__ dV,
+                              int S, int H, int BH, float scale, float scale_log2) {
   extern __shared__ uint8_t smem_raw[];
   // The dynamic smem base is not guaranteed 1024-aligned: round it up (1 KB extra requested).
   // Offsetting smem_raw itself (instead of casting a rounded integer back to a pointer) keeps
@@ -260,11 +260,20 @@ __global__ void __launch_bounds__(kThreads, 1)
   uint64_t* q_full = bars + 1;
   uint64_t* q_empty = bars + 1 + kStages;
 
-  const int kt = blockIdx.x;  // key tile
-  const int h = blockIdx.y;
-  const int b = blockIdx.z;
+  // causal: block -> (kt, b, h). Groups of kHeadGroup heads (the last one may be smaller), each
+  // n_kt * group CTAs long; inside a group id = kt * group + head (key tile slower).
+  const int n_kt = S / kBN;
   const int n_q = S / kBM;    // query tiles (>= 2)
-  const int q_off = kStaggerQ ? (2 * kt) % n_q : 0;
+  const int grp = static_cast<int>(blockIdx.x) / (n_kt * kHeadGroup);
+  const int gsize = min(kHeadGroup, BH - grp * kHeadGroup);
+  const int in_grp = static_cast<int>(blockIdx.x) - grp * n_kt * kHeadGroup;
+  const int kt = in_grp / gsize;  // key tile: 0 (heaviest) first
+  const int bh = grp * kHeadGroup + in_grp % gsize;
+  const int h = bh % H;
+  const int b = bh / H;
+  // causal: query tiles 2kt .. n_q-1, the first two with the diagonal (see the header).
+  const int q_off = 2 * kt;
+  const int n_it = n_q - q_off;  // >= 2, and even: each warpgroup runs G5 on n_it / 2 tiles
 
   if (threadIdx.x == 0) {
     ptx::mbar_init(kv_full, 1);
@@ -299,7 +308,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       int st = 0;
       uint32_t ph = 0;
       int qt = q_off;
-      for (int it = 0; it < n_q; ++it) {
+      for (int it = 0; it < n_it; ++it) {  // causal: n_it tiles from 2kt
         // Wait until all 8 consumer warps released this stage (fresh barrier: parity 1 passes).
         ptx::mbar_wait(&q_empty[st], ph ^ 1u);
         ptx::mbar_arrive_expect_tx(&q_full[st], kQStageTx);
@@ -311,7 +320,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         ptx::bulk_copy_g2s(sLSE + st * 64, lse_bh + qt * kBM, 256u, &q_full[st]);
         ptx::bulk_copy_g2s(sDR + st * 64, dr_bh + qt * kBM, 256u, &q_full[st]);
         if (++st == kStages) { st = 0; ph ^= 1u; }
-        if (++qt == n_q) qt = 0;
+        ++qt;  // causal: no wrap
       }
     }
     // The other producer threads have nothing to do; no CTA-wide barrier follows.
@@ -367,7 +376,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   uint32_t ph = 0;
   int qt = q_off;
 #pragma unroll 1
-  for (int it = 0; it < n_q; ++it) {
+  for (int it = 0; it < n_it; ++it) {  // causal: n_it tiles from 2kt
     const uint32_t buf = static_cast<uint32_t>(it & 1);
     uint8_t* q_stage = sQ + st * kQTile;
     uint8_t* do_stage = sdO + st * kQTile;
@@ -387,6 +396,23 @@ __global__ void __launch_bounds__(kThreads, 1)
     // ---- 2. P^T = ex2(S^T c - LSE log2e) while G2 runs ----
     ptx::wgmma_wait<1>();  // G1 retired
     ptx::fence_regs(s_acc);
+    // causal: mask key > query on the diagonal tiles (it <= g, warp-uniform; see the header).
+    // Register 4j+e (e = 0, 1) holds key 64g + r0, query 64it + 8j + 2q4 + e; 4j+2+e key + 8.
+    // key > query  <=>  8j + e < r0 + 64(g - it) - 2q4 = lim0 (lim1 = lim0 + 8 for row r0 + 8).
+    // fmaf(-inf, c, n) = -inf and ex2(-inf) = +0, so a masked P^T (and dS^T) is exactly 0.
+    if (it <= static_cast<int>(g)) {
+      const float kNegInf = -INFINITY;
+      const int lim0 =
+          static_cast<int>(r0) + 64 * (static_cast<int>(g) - it) - 2 * static_cast<int>(q4);
+      const int lim1 = lim0 + 8;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        if (8 * j + 0 < lim0) s_acc[4 * j + 0] = kNegInf;
+        if (8 * j + 1 < lim0) s_acc[4 * j + 1] = kNegInf;
+        if (8 * j + 0 < lim1) s_acc[4 * j + 2] = kNegInf;
+        if (8 * j + 1 < lim1) s_acc[4 * j + 3] = kNegInf;
+      }
+    }
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
       // Registers 4j+e (row r0) and 4j+2+e (row r0+8) hold query column 8j + 2 q4 + e.
@@ -491,7 +517,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       ptx::wgmma_wait<0>();  // d64: no G5 on this tile; G3, G4 retired
       release_stage();
     }
-    if (++qt == n_q) qt = 0;
+    ++qt;  // causal: no wrap
   }
 
   // ---- epilogue: dK = scale * dK_acc, dV; bf16 straight from registers ----
@@ -563,7 +589,9 @@ extern "C" int mha_bwd(const __nv_bfloat16* Q, const __nv_bfloat16* K, const __n
   if (B == 0 || S == 0 || H == 0) return static_cast<int>(cudaGetLastError());
   // Key tiles of 128 and query tiles of 64 must not straddle batches in the flattened B*S maps.
   if (S % kBN != 0) return static_cast<int>(cudaErrorInvalidValue);
-  if (H > 65535 || B > 65535) return static_cast<int>(cudaErrorInvalidValue);
+  // causal: 1-D grid, S/128 * B * H CTAs, and int arithmetic on the block index.
+  if (static_cast<long long>(S / kBN) * B * H > 0x7fffffffLL)
+    return static_cast<int>(cudaErrorInvalidValue);
   // TMA / bulk-copy sources need 16-B alignment (LSE rows: 256-B steps from the base); the
   // epilogues store 4-B pairs.
   const uintptr_t align = reinterpret_cast<uintptr_t>(Q) | reinterpret_cast<uintptr_t>(K) |
@@ -582,8 +610,8 @@ extern "C" int mha_bwd(const __nv_bfloat16* Q, const __nv_bfloat16* K, const __n
   static size_t scratch_floats = 0;
   cudaError_t err;
   if (!smem_set) {
-    if ((err = ptx::set_max_dynamic_smem(mha_bwd_d64_kernel, static_cast<int>(kSmemBytes))) !=
-        cudaSuccess)
+    if ((err = ptx::set_max_dynamic_smem(mha_bwd_causal_d64_kernel,
+                                         static_cast<int>(kSmemBytes))) != cudaSuccess)
       return static_cast<int>(err);
     smem_set = true;
   }
@@ -625,9 +653,11 @@ extern "C" int mha_bwd(const __nv_bfloat16* Q, const __nv_bfloat16* K, const __n
                    stream>>>(O, dO, dr, S, H, rows);
   if ((err = cudaGetLastError()) != cudaSuccess) return static_cast<int>(err);
 
-  const dim3 grid(S / kBN, H, B);
-  mha_bwd_d64_kernel<<<grid, kThreads, kSmemBytes, stream>>>(tmQ, tmK, tmV, tmdO, tmDQ, LSE, dr,
-                                                            dK, dV, S, H, scale, scale_log2);
+  // causal: 1-D grid of S/128 * B * H CTAs, decoded in the kernel (groups of kHeadGroup heads).
+  const int BH = B * H;
+  const dim3 grid(static_cast<unsigned>(S / kBN) * static_cast<unsigned>(BH));
+  mha_bwd_causal_d64_kernel<<<grid, kThreads, kSmemBytes, stream>>>(
+      tmQ, tmK, tmV, tmdO, tmDQ, LSE, dr, dK, dV, S, H, BH, scale, scale_log2);
   if ((err = cudaGetLastError()) != cudaSuccess) return static_cast<int>(err);
 
   const long long n4 = static_cast<long long>(acc_floats / 4);
