@@ -12,6 +12,7 @@ import functools
 from typing import Any
 
 import pytest
+from expert_examples import EXPERTS
 
 from ptxgym import paths
 from ptxgym.env import PTXKernelEnv
@@ -116,10 +117,13 @@ def test_plain_cuda_executes_neither_family() -> None:
 EQUAL_COUNT_KERNELS = {
     "wgmma_tma": (GEMM, lambda: (SELF_TEST_KERNELS / "wgmma_tma.cu").read_text()),
     "wgmma_never_taken": (GEMM, lambda: (SELF_TEST_KERNELS / "wgmma_never_taken.cu").read_text()),
-    "expert_gemm": (GEMM, lambda: (EXAMPLES / "expert" / "gemm.cu").read_text()),
-    "expert_mha_fwd": (MHA, lambda: (EXAMPLES / "expert" / "mha_fwd_d128.cu").read_text()),
     "token_wgmma_gemm": (GEMM, lambda: _token_wgmma_gemm()),
     "clustered_224kb_gemm": (GEMM, lambda: _clustered_big_smem_gemm()),
+    # Every shipped expert kernel of examples/manifest.yaml, on each task it solves.
+    **{
+        f"{file}:{task_id}": (get_task(task_id), lambda file=file: (EXAMPLES / file).read_text())
+        for file, task_id, _ in EXPERTS
+    },
 }
 
 

@@ -64,33 +64,41 @@ def pick(rng: random.Random) -> tuple[int, int]:
 
 
 def schedule_model() -> bool:
+    """Prints makespan / perfect split per CTA order (rows) and workload (columns), for start
+    costs 1 | 2 tile-times; True if the kernel's order is no worse than the d64 draft's on the
+    task's workload."""
+    workloads = ((4, 16, 4096), (2, 16, 4096), (4, 16, 2048), (1, 12, 8192), (3, 5, 1024))
+    names = ["d64 order (kt fastest)", "kt slowest"]
+    names += [f"groups of {grp}" for grp in sorted({2, HEAD_GROUP, 8})]
+    table: dict[str, list[str]] = {name: [] for name in names}
     ok = True
-    print(
-        f"CTA order model (kHeadGroup = {HEAD_GROUP}): makespan / perfect split on 132 SMs, "
-        "start cost 1 | 2 tile-times"
-    )
-    for b, h, s in ((4, 16, 4096), (2, 16, 4096), (4, 16, 2048), (1, 12, 8192), (3, 5, 1024)):
+    for b, h, s in workloads:
         n_q, n_kt, bh = s // 64, s // 128, b * h
         cost = [n_q - 2 * kt for kt in range(n_kt)]
         orders = {
-            "d64 order (kt fastest)": [cost[kt] for _ in range(bh) for kt in range(n_kt)],
-            "kt slowest": [cost[kt] for kt in range(n_kt) for _ in range(bh)],
+            names[0]: [cost[kt] for _ in range(bh) for kt in range(n_kt)],
+            names[1]: [cost[kt] for kt in range(n_kt) for _ in range(bh)],
         }
         for grp in sorted({2, HEAD_GROUP, 8}):
             orders[f"groups of {grp}"] = [cost[kt] for kt in causal_cta_order(n_kt, bh, grp)]
-        parts = []
         for name, costs in orders.items():
             ratios = []
             for start in (1.0, 2.0):
                 ideal = sum(c + start for c in cost) * bh / 132
                 ratios.append(max(list_makespan(costs, start=start), ideal) / ideal)
-            parts.append(f"{name} {ratios[0]:.3f} | {ratios[1]:.3f}")
-        print(f"  B={b} H={h} S={s}: " + ", ".join(parts))
+            table[name].append(f"{ratios[0]:.3f} | {ratios[1]:.3f}")
         if (b, h, s) == (4, 16, 4096):
             for start in (1.0, 2.0):
                 mine = list_makespan(orders[f"groups of {HEAD_GROUP}"], start=start)
-                ok &= mine <= list_makespan(orders["d64 order (kt fastest)"], start=start)
-    print(f"  kernel order no worse than the d64 order at B=4 H=16 S=4096: {'OK' if ok else 'NO'}")
+                ok &= mine <= list_makespan(orders[names[0]], start=start)
+    print(
+        f"CTA order model (kernel: groups of {HEAD_GROUP}): makespan / perfect split on 132 SMs, "
+        "start cost 1 | 2 tile-times"
+    )
+    print(f"  {'order':<24}" + "".join(f"{f'B{b} H{h} S{s}':>16}" for b, h, s in workloads))
+    for name, cells in table.items():
+        print(f"  {name:<24}" + "".join(f"{c:>16}" for c in cells))
+    print(f"  kernel order no worse than the d64 order at B4 H16 S4096: {'OK' if ok else 'NO'}")
     return ok
 
 

@@ -90,15 +90,19 @@ def check_smem_plan() -> int:
     # tx bytes: kQStageTx = 2 kQTile + 2 x 256 against the boxes and copies the producer issues
     stage_tx = 2 * Q_TILE + 2 * 256
     issued = 2 * N_BOX * Q_BOX + 2 * 256  # 3 Q boxes + 3 dO boxes + LSE + Dr
-    bad += stage_tx != issued or stage_tx != 25088
-    bad += 2 * K_TILE != 2 * N_BOX * K_BOX or 2 * K_TILE != 49152
-    bad += N_BOX * 32 != D  # the box at d0 = 64 ends at d = 95: no out-of-bounds part
+    tx_bad = stage_tx != issued or stage_tx != 25088
+    tx_bad += 2 * K_TILE != 2 * N_BOX * K_BOX or 2 * K_TILE != 49152
+    tx_bad += N_BOX * 32 != D  # the box at d0 = 64 ends at d = 95: no out-of-bounds part
+    total = o["SMEM"]
     print(
-        f"{f'smem plan (kStages = {STAGES}): {OFF["SMEM"]} B incl. 1 KB slack':>58}: "
+        f"{f'smem plan (kStages = {STAGES}): {total} B incl. 1 KB slack':>58}: "
         f"{'OK' if bad == 0 else f'{bad} problems'}"
     )
-    print(f"{'tx bytes: stage 25,088 (6 x 4 KB + 2 x 256), kv_full 49,152':>58}: OK")
-    return bad
+    print(
+        f"{'tx bytes: stage 25,088 (6 x 4 KB + 2 x 256), kv_full 49,152':>58}: "
+        f"{'OK' if tx_bad == 0 else 'WRONG'}"
+    )
+    return bad + tx_bad
 
 
 def build_smem(stage: int, ds_xor_fn=None) -> Smem:
@@ -194,8 +198,10 @@ def main() -> int:
         check("dS^T stores without the swizzle XOR", smem=build_smem(0, ds_xor_fn=lambda t: 0))
         == 0
     )
-    print("negative control (must fail): dQacc tile of 8 chunks (the d64 layout)")
-    failures += check_dq_layout(tile_floats=4096, post_tile_div=1024, chunks=8) == 0
+    print("negative control (must fail): post kernel tile = idx / 1024 (the d64 divisor)")
+    failures += check_dq_layout(post_tile_div=1024) == 0
+    print("negative control (must fail): dQacc tile of 4096 floats (the d64 size)")
+    failures += check_dq_layout(tile_floats=4096) == 0
     print(f"{'FAILED' if failures else 'ALL OK'} ({time.time() - t0:.1f} s)")
     return 1 if failures else 0
 
