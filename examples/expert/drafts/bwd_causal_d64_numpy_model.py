@@ -28,7 +28,9 @@ tile left unmasked; the diagonal masked with key >= query; the CTA starting one 
 (qt from 2kt - 2, the mask still at it <= g); a source whose mask compares with <= instead of <.
 
 ``--outliers S SEEDS`` runs the judge's outlier distribution (one head per seed) and prints the
-worst err/tol with P^T / dS^T rounded to bf16 (the kernel) and to fp16.
+worst err/tol with P^T / dS^T rounded to bf16 (the kernel) and to fp16. ``--heads S FIRST COUNT``
+prints the worst err/tol per output for COUNT plain heads (seeds FIRST..), a study of the
+bf16-P^T tail (``--heads 4096 100 16``: seed 109 puts one dV element of key 0 at 1.11).
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ from bwd_model import (
     causal_mask_tile,
     causal_query_tiles,
     check_causal_mask_claims,
+    compare,
     compare_all,
     make_inputs,
     outlier_study,
@@ -168,6 +171,18 @@ def main(argv: list[str]) -> int:
     if argv and argv[0] == "--outliers":
         S = int(argv[1]) if len(argv) > 1 else 1024
         outlier_study(S, int(argv[2]) if len(argv) > 2 else 2, D, kernel_model, causal=True)
+        return 0
+    if argv and argv[0] == "--heads":  # a study, not a check: prints, exits 0
+        S, first, count = (int(a) for a in argv[1:4])
+        for seed in range(first, first + count):
+            q, k, v, o, do, lse = make_inputs(S, D, seed=seed, outliers=False, causal=True)
+            ref = reference(q, k, v, o, do, lse, causal=True)
+            got = kernel_model(q, k, v, o, do, lse)
+            parts = []
+            for name, a, r in zip(("dQ", "dK", "dV"), got, ref, strict=True):
+                _, worst, n_bad = compare(name, a, r, quiet=True)
+                parts.append(f"{name} {worst:5.2f} ({n_bad} over)")
+            print(f"S={S} seed={seed}: " + "  ".join(parts), flush=True)
         return 0
     t0 = time.time()
     problems = source_tie(_SRC)

@@ -26,7 +26,9 @@ What the d96 kernel changes and this script checks, for every element that every
   inverse map, every (query, d) once, no box row outside the map;
 * the shared-memory plan (offsets 1024-aligned, regions disjoint, total within 227 KB, kStages + 1
   over it) and the tx bytes of a stage and of kv_full against the boxes the producer issues;
-* negative controls: wrong variants that the model must reject.
+* negative controls: wrong variants that the model must reject;
+* that mha_bwd_causal_d96.cu has this layout, these descriptors and this wgmma issue code byte for
+  byte (its causal changes lie elsewhere), so this check covers it too.
 """
 
 from __future__ import annotations
@@ -170,10 +172,33 @@ def check_dq_layout(tile_floats: int = 64 * D, post_tile_div: int = 128 * 12, ch
     return _check_dq_layout(1, tile_floats, post_tile_div, chunks)
 
 
+def causal_shares_layout() -> int:
+    """mha_bwd_causal_d96.cu must have this draft's layout, descriptors and wgmma issue code
+    byte for byte (the causal changes are elsewhere), so this check covers it too: the text from
+    the box constants to the pre kernel and the consumers' descriptor setup must be identical."""
+
+    def parts(name: str) -> list[str]:
+        src = (pathlib.Path(__file__).parent / name).read_text()
+        out = []
+        for begin, end in (
+            ("// d96: TMA boxes are", "// Dr[b, h, s] ="),
+            ("  // Descriptors that do not change over the loop.", "  float dk_acc[48];"),
+        ):
+            i = src.index(begin)
+            out.append(src[i : src.index(end, i)])
+        return out
+
+    same = parts("mha_bwd_causal_d96.cu") == parts("mha_bwd_d96.cu")
+    label = "mha_bwd_causal_d96.cu: same layout/descriptor/issue code"
+    print(f"{label:>58}: {'OK' if same else 'DIFFERENT'}")
+    return 0 if same else 1
+
+
 def main() -> int:
     t0 = time.time()
     failures = 0
     failures += check_smem_plan() != 0
+    failures += causal_shares_layout() != 0
     failures += check_rs_fragments() != 0
     failures += check("all five GEMMs, both warpgroups, ring stage 0") != 0
     failures += (
@@ -195,8 +220,7 @@ def main() -> int:
     failures += check("dQ B operand LBO 4 KB (the Q box) instead of 8 KB", dq_b_lbo=Q_BOX) == 0
     failures += check("dQ B operand k-step 2048 B (128-B rows)", dq_b_step=2048) == 0
     failures += (
-        check("dS^T stores without the swizzle XOR", smem=build_smem(0, ds_xor_fn=lambda t: 0))
-        == 0
+        check("dS^T stores without the swizzle XOR", smem=build_smem(0, ds_xor_fn=lambda t: 0)) == 0
     )
     print("negative control (must fail): post kernel tile = idx / 1024 (the d64 divisor)")
     failures += check_dq_layout(post_tile_div=1024) == 0
