@@ -119,3 +119,13 @@ def test_the_pack_header_is_offered_only_where_its_wrappers_are_shown(knowledge:
     rules = prompt.sections["rules"]
     assert ('#include "ptxgym_h100.cuh"' in rules) is shown
     assert ("exactly as shown below" in prompt.text) is shown
+
+
+def test_the_prompt_states_the_outlier_stages_own_tolerance_where_the_task_sets_one() -> None:
+    from ptxgym.tasks import Tolerance
+
+    gemm = get_task("PTX-H100-GEMM")
+    plain = build_prompt(gemm).text
+    assert "a few large outliers." in plain and "checked with atol" not in plain
+    loose = gemm.model_copy(update={"outlier_tolerance": Tolerance(atol=0.05, rtol=0.02)})
+    assert "a few large outliers (checked with atol=0.05, rtol=0.02)." in build_prompt(loose).text

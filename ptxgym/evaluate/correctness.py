@@ -125,7 +125,7 @@ def _check_one(
         diff_finite / allowed.clamp_min(torch.finfo(torch.float32).tiny),
         torch.where(diff_finite > 0, float("inf"), 0.0),
     )
-    # One read back from the GPU for all four numbers, not one each: the judge checks the
+    # One read back from the GPU for all five numbers, not one each: the judge checks the
     # outputs of several evaluations at once, and each read back waits for its stream.
     if diff.numel():
         numbers = torch.stack(
