@@ -121,6 +121,7 @@ def kernel_model(
     mask: Callable[[int, int], np.ndarray | None] | None = None,
     rnd=bf16,
     poison: bool = False,
+    operand=None,
 ):
     """The kernel's tiling, order and roundings; returns dQ, dK, dV.
 
@@ -133,13 +134,17 @@ def kernel_model(
     g5(dq_acc, ds_t, k_tile, qs, kt, it) adds dS K into dQacc from the dS^T buffer ds_t (rnd values)
     as the kernel's G5 does. Finally dK = bf16(scale dK), dV = bf16(dV), dQ = bf16(scale dQacc);
     Dr = rowsum(dO O) in fp32. rnd: rounding of the wgmma A operands P^T and dS^T (bf16 in the
-    kernels). poison: dK / dV start as NaN, so every key row must be written.
+    kernels). poison: dK / dV start as NaN, so every key row must be written. operand: None, or
+    the rounding of the Q, K, V, dO tiles as the wgmmas read them (mha_bwd_d128_fp16.cu converts
+    them from bf16 to fp16 in shared memory: operand = f16); Dr keeps the unrounded dO and O.
     """
     S, D = q.shape
     n_q, n_kt = S // BM, S // BN
     scale = np.float32(1.0 / np.sqrt(D))
     c = np.float32(LOG2E / np.sqrt(D))
     dr = (do * o).sum(axis=1, dtype=np.float32)  # bwd_pre_kernel
+    if operand is not None:  # the smem operand tiles after an in-place conversion
+        q, k, v, do = (operand(x) for x in (q, k, v, do))
     dq_acc = np.zeros((S, D), np.float32)  # cudaMemsetAsync
     dk = np.full((S, D), np.nan if poison else 0.0, np.float32)
     dv = np.full((S, D), np.nan if poison else 0.0, np.float32)
