@@ -34,14 +34,11 @@ fastest) on the task's workload.
 from __future__ import annotations
 
 import pathlib
-import random
 import re
 import sys
 import time
-from collections.abc import Iterator
 
-from bwd_model import BwdSyncSim, CausalSyncSim, causal_cta_order, count_failures, list_makespan
-from deskcheck import negative_controls
+from bwd_model import CausalSyncSim, causal_cta_order, causal_sync_check, list_makespan
 
 _SRC = (pathlib.Path(__file__).parent / "mha_bwd_causal_d64.cu").read_text()
 HEAD_GROUP = int(re.search(r"constexpr int kHeadGroup = (\d+);", _SRC).group(1))
@@ -55,12 +52,6 @@ class Sim(CausalSyncSim):
 
     def g5_runs(self, g: int, it: int) -> bool:
         return (it & 1) == g  # d64: the G5 warpgroup of this tile
-
-
-def pick(rng: random.Random) -> tuple[int, int]:
-    """n_q (even) and a key tile kt < n_q / 2."""
-    n_q = rng.choice(N_QS)
-    return n_q, rng.randrange(n_q // 2)
 
 
 def schedule_model() -> bool:
@@ -107,28 +98,6 @@ def main(argv: list[str]) -> int:
     runs = int(argv[0]) if argv else 300
     print(f"kStages = {Sim.STAGES} (from the .cu), n_q in {N_QS[0]}..{N_QS[-1]}")
 
-    def cases() -> Iterator[tuple[str, BwdSyncSim]]:
-        for r in range(runs):
-            rng = random.Random(r)
-            n_q, kt = pick(rng)
-            yield f"run {r} (n_q {n_q}, kt {kt})", Sim(n_q, rng, kt)
-        # Every (n_q, kt) pair, 3 runs each, so no trip count is left to chance.
-        for n_q in N_QS:
-            for kt in range(n_q // 2):
-                for r in range(3):
-                    rng = random.Random(1000 * n_q + 10 * kt + r)
-                    yield f"n_q {n_q} kt {kt} run {r}", Sim(n_q, rng, kt)
-
-    total, bad = count_failures(cases())
-    print(f"{total - bad}/{total} random interleavings clean")
-
-    def failed(bug: str, r: int) -> bool:
-        rng = random.Random(r)
-        n_q, kt = pick(rng)
-        if bug == "producer_n_q" and kt == 0:
-            kt = n_q // 2 - 1  # the mismatch needs kt > 0
-        return not Sim(n_q, rng, kt, bug).run()
-
     bugs = (
         "one_ds_buffer",
         "early_release",
@@ -137,9 +106,10 @@ def main(argv: list[str]) -> int:
         "producer_n_q",
         "consumer_extra",
     )
-    caught_all = negative_controls(bugs, runs, failed)
+    # Every (n_q, kt) pair 3 times beside the random runs.
+    sync_ok = causal_sync_check(Sim, runs, N_QS, 3, bugs)
     sched_ok = schedule_model()
-    ok = not bad and caught_all and sched_ok
+    ok = sync_ok and sched_ok
     print(f"{'ALL OK' if ok else 'SOME FAILED'} ({time.time() - t0:.1f} s)")
     return 0 if ok else 1
 

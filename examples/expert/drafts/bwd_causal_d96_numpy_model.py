@@ -26,14 +26,22 @@ import time
 from collections import Counter
 
 import numpy as np
-from bwd_causal_numpy_model import check_mask_claims, kernel_mask_tile
-from bwd_model import BM, BN, compare_all, make_inputs, outlier_study, reference
+from bwd_model import (
+    BM,
+    BN,
+    causal_mask_tile,
+    causal_model_check,
+    compare_all,
+    make_inputs,
+    outlier_study,
+    reference,
+)
 from bwd_model import kernel_model as bwd_kernel_model
 from deskcheck import bf16
 
 D = 96
 
-MASKS = {(g, it): kernel_mask_tile(g, it) for g in range(2) for it in range(2) if it <= g}
+MASKS = {(g, it): causal_mask_tile(g, it) for g in range(2) for it in range(2) if it <= g}
 
 
 def mask_code(name: str) -> str:
@@ -111,13 +119,7 @@ def main(argv: list[str]) -> int:
         return 0
     sizes = [int(a) for a in argv] or [128, 256, 384, 512, 1024]
     ok = check_mask_code()
-    for S in sizes:
-        check_mask_claims(S)
-        q, k, v, o, do, lse = make_inputs(S, D, seed=S, outliers=False, causal=True)
-        ref = reference(q, k, v, o, do, lse, causal=True)
-        got = kernel_model(q, k, v, o, do, lse)
-        print(f"S={S} (mask claims asserted for every (kt, qt, g); G5 split asserted per CTA)")
-        ok &= compare_all(got, ref)
+    ok &= causal_model_check(sizes, D, MASKS, kernel_model)  # G5 split asserted per CTA
     ok &= negative_controls()
     print(f"{'ALL OK' if ok else 'SOME FAILED'} ({time.time() - t0:.1f} s)")
     return 0 if ok else 1

@@ -25,53 +25,27 @@ from __future__ import annotations
 import sys
 
 import numpy as np
-from bwd_model import BM, BN, causal_mask, compare_all, make_inputs, outlier_study, reference
+from bwd_model import (
+    causal_mask_tile,
+    causal_model_check,
+    check_causal_mask_claims,
+    compare_all,
+    make_inputs,
+    outlier_study,
+    reference,
+)
 from bwd_model import kernel_model as bwd_kernel_model
-from deskcheck import acc_coord, bf16
+from deskcheck import bf16
 
 D = 128
 
 
-def kernel_mask_tile(g: int, it: int) -> np.ndarray:
-    """The kernel's mask for consumer g at iteration it <= g, as a [64 keys][64 queries] array,
-    built from each thread's predicate on its registers (the kernel's lim0 / lim1 code)."""
-    m = np.zeros((64, 64), dtype=bool)
-    seen = np.zeros((64, 64), dtype=int)
-    for t in range(128):
-        lane = t % 32
-        r0, q4 = 16 * (t // 32) + lane // 4, lane % 4
-        lim0 = r0 + 64 * (g - it) - 2 * q4
-        lim1 = lim0 + 8
-        for j in range(8):
-            for e, lim in ((0, lim0), (1, lim0), (2, lim1), (3, lim1)):
-                row, col = acc_coord(t, 4 * j + e)
-                m[row, col] = 8 * j + (e % 2) < lim
-                seen[row, col] += 1
-    assert np.all(seen == 1), "register map does not cover the tile once"
-    return m
-
-
-_MASKS = {(g, it): kernel_mask_tile(g, it) for g in range(2) for it in range(2) if it <= g}
+_MASKS = {(g, it): causal_mask_tile(g, it) for g in range(2) for it in range(2) if it <= g}
 
 
 def check_mask_claims(S: int) -> None:
-    """Asserts the structural claims of the header against the dense causal mask."""
-    full = causal_mask(S).T  # [key][query]: True where key > query
-    n_q = S // BM
-    for kt in range(S // BN):
-        for qt in range(n_q):
-            for g in range(2):
-                keys = slice(kt * BN + 64 * g, kt * BN + 64 * g + 64)
-                tile = full[keys, qt * BM : qt * BM + BM]
-                it = qt - 2 * kt
-                if it < 0:
-                    assert tile.all(), f"skipped tile kt {kt} qt {qt} has an unmasked pair"
-                elif it <= g:
-                    assert np.array_equal(_MASKS[(g, it)], tile), (
-                        f"mask wrong kt {kt} it {it} g {g}"
-                    )
-                else:
-                    assert not tile.any(), f"unmasked tile kt {kt} it {it} g {g} needs a mask"
+    """The header's structural claims against the dense causal mask, with this kernel's masks."""
+    check_causal_mask_claims(S, _MASKS)
 
 
 def kernel_model(q, k, v, o, do, lse, rnd=bf16):
@@ -124,14 +98,7 @@ def main(argv: list[str]) -> int:
         outlier_study(S, int(argv[2]) if len(argv) > 2 else 2, D, kernel_model, causal=True)
         return 0
     sizes = [int(a) for a in argv] or [128, 256, 384, 512, 1024]
-    ok = True
-    for S in sizes:
-        check_mask_claims(S)
-        q, k, v, o, do, lse = make_inputs(S, D, seed=S, outliers=False, causal=True)
-        ref = reference(q, k, v, o, do, lse, causal=True)
-        got = kernel_model(q, k, v, o, do, lse)
-        print(f"S={S} (mask claims asserted for every (kt, qt, g))")
-        ok &= compare_all(got, ref)
+    ok = causal_model_check(sizes, D, _MASKS, kernel_model)
     ok &= negative_controls()
     print("ALL OK" if ok else "SOME FAILED")
     return 0 if ok else 1

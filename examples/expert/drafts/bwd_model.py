@@ -596,6 +596,20 @@ def check_causal_mask_claims(S: int, masks: dict) -> None:
                     assert not tile.any(), f"unmasked tile kt {kt} it {it} g {g} needs a mask"
 
 
+def causal_model_check(sizes: Iterable[int], D: int, masks: dict, model: Callable) -> bool:
+    """A causal draft's numpy model on normal inputs of each size S: its masks against the dense
+    causal mask for every (kt, qt, g) (check_causal_mask_claims), then its outputs against the
+    float64 reference. True when every output is within tolerance at every size."""
+    ok = True
+    for S in sizes:
+        check_causal_mask_claims(S, masks)
+        q, k, v, o, do, lse = make_inputs(S, D, seed=S, outliers=False, causal=True)
+        ref = reference(q, k, v, o, do, lse, causal=True)
+        print(f"S={S} (mask claims asserted for every (kt, qt, g))")
+        ok &= compare_all(model(q, k, v, o, do, lse), ref)
+    return ok
+
+
 class CausalSyncSim(BwdSyncSim):
     """BwdSyncSim with the causal trip counts: CTA kt streams query tiles 2kt .. n_q - 1
     (n_it = n_q - 2kt), producer and consumers alike, without wrap-around; at the end every copy
@@ -622,6 +636,44 @@ class CausalSyncSim(BwdSyncSim):
         if self.issued != consumed or self.landed != consumed:
             self.errors.append(f"issued {self.issued} copies, consumed {consumed}")
         super().check_end()
+
+
+def causal_sync_check(
+    sim: type[CausalSyncSim], runs: int, n_qs: Iterable[int], repeats: int, bugs: Iterable[str]
+) -> bool:
+    """The causal drafts' synchronisation check: ``runs`` random interleavings of a random
+    (n_q, kt), then every (n_q, kt) of ``n_qs`` (even: S % 128 == 0) ``repeats`` times so that no
+    trip count is left to chance, then each deliberate bug of ``bugs`` must be caught in some of
+    ``runs`` runs. Prints the counts; True when every run was clean and every bug caught."""
+    n_qs = tuple(n_qs)
+
+    def pick(rng: random.Random) -> tuple[int, int]:
+        n_q = rng.choice(n_qs)
+        return n_q, rng.randrange(n_q // 2)
+
+    def cases() -> Iterator[tuple[str, BwdSyncSim]]:
+        for r in range(runs):
+            rng = random.Random(r)
+            n_q, kt = pick(rng)
+            yield f"run {r} (n_q {n_q}, kt {kt})", sim(n_q, rng, kt)
+        for n_q in n_qs:
+            for kt in range(n_q // 2):
+                for r in range(repeats):
+                    rng = random.Random(1000 * n_q + 10 * kt + r)
+                    yield f"n_q {n_q} kt {kt} run {r}", sim(n_q, rng, kt)
+
+    total, bad = count_failures(cases())
+    print(f"{total - bad}/{total} random interleavings clean")
+
+    def failed(bug: str, r: int) -> bool:
+        rng = random.Random(r)
+        n_q, kt = pick(rng)
+        if bug == "producer_n_q" and kt == 0:
+            kt = n_q // 2 - 1  # the mismatch needs kt > 0
+        return not sim(n_q, rng, kt, bug).run()
+
+    caught_all = negative_controls(tuple(bugs), runs, failed)
+    return not bad and caught_all
 
 
 def list_makespan(costs: Iterable[float], sms: int = 132, start: float = 1.0) -> float:
