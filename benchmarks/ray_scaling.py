@@ -584,8 +584,9 @@ def evaluator_speedups(
     entry["error"] = incompatibility(get_task(task_id), device)
     if entry["error"] is None:
         try:
-            if isinstance(evaluator, LocalGPUEvaluator):
-                entry["name"] = evaluator.device_info().get("name")
+            # From NVML, for either evaluator, without asking a judge.
+            if gpu := gpu_of(device):
+                entry["name"] = gpu.name
             env = PTXKernelEnv(task_id, turns=steps, evaluator=evaluator)
             try:
                 env.reset(seed=0)
