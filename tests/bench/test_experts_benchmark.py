@@ -3,32 +3,21 @@ run without a GPU (it evaluates on the GPU only: docs/benchmarks.md holds its re
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
-from pathlib import Path
-from types import ModuleType
 
 import pytest
 import yaml
+from benchmark_scripts import load_benchmark, script
 
 from ptxgym import paths
 from ptxgym.device.gpus import visible_gpus
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "experts.py"
-
-
-def load_benchmark() -> ModuleType:
-    """The benchmark script as a module (benchmarks/ is not a package)."""
-    spec = importlib.util.spec_from_file_location("experts", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+SCRIPT = script("experts")
 
 
 def test_it_takes_every_shipped_expert_and_every_draft_once_per_task() -> None:
-    experts = load_benchmark()
+    experts = load_benchmark("experts")
     drafts = yaml.safe_load((paths.examples_dir() / "expert/drafts/manifest.yaml").read_text())
     chosen = experts.kernels("all", None)
     assert len(chosen) == len(set(chosen))
@@ -44,7 +33,7 @@ def test_it_takes_every_shipped_expert_and_every_draft_once_per_task() -> None:
 
 
 def test_a_row_shows_the_workloads_range_and_what_executed() -> None:
-    experts = load_benchmark()
+    experts = load_benchmark("experts")
     outcome = {
         "status": "PASSED",
         "message": "correct on 35 checks",
@@ -66,7 +55,7 @@ def test_a_row_shows_the_workloads_range_and_what_executed() -> None:
 
 
 def test_a_failed_row_shows_how_far_past_its_tolerance_each_output_was() -> None:
-    experts = load_benchmark()
+    experts = load_benchmark("experts")
     checks = [
         {"stage": "trial0", "outputs": [{"name": "dQ", "ok": True, "worst_ratio": 0.4}]},
         {
@@ -84,7 +73,7 @@ def test_a_failed_row_shows_how_far_past_its_tolerance_each_output_was() -> None
 
 
 def test_a_variant_sets_one_constexpr_and_refuses_a_missing_one() -> None:
-    experts = load_benchmark()
+    experts = load_benchmark("experts")
     source = "constexpr int kStages = 3;  // depth\nconstexpr int kHeadsPerCta = 4;\n"
     varied = experts.with_settings(source, {"kHeadsPerCta": "2"}, "f.cu")
     assert varied == "constexpr int kStages = 3;  // depth\nconstexpr int kHeadsPerCta = 2;\n"

@@ -5,30 +5,20 @@ with every request answered exactly once, the ratios computed; and the scaling v
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
+from benchmark_scripts import load_benchmark, script
 
 pytest.importorskip("ray", reason="needs Ray: pip install 'ptxgym[ray]'")
 
 ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = ROOT / "benchmarks" / "ray_scaling.py"
-
-
-def load_benchmark() -> ModuleType:
-    """The benchmark script as a module (benchmarks/ is not a package)."""
-    spec = importlib.util.spec_from_file_location("ray_scaling", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+SCRIPT = script("ray_scaling")
 
 
 @pytest.mark.nvcc
@@ -111,7 +101,7 @@ def test_the_dry_run_measures_every_level_and_survives_a_killed_judge(tmp_path: 
 
 
 def test_the_scaling_verdict_needs_ninety_percent_of_linear_and_both_levels() -> None:
-    benchmark = load_benchmark()
+    benchmark = load_benchmark("ray_scaling")
 
     def level(gpus: int, trajectories: int, per_hour: float, error: str | None = None) -> Any:
         return {
@@ -153,7 +143,7 @@ def test_the_scaling_verdict_needs_ninety_percent_of_linear_and_both_levels() ->
 
 
 def test_one_ray_gpu_must_keep_ninety_percent_of_the_local_evaluators_rate() -> None:
-    benchmark = load_benchmark()
+    benchmark = load_benchmark("ray_scaling")
     pool = [
         {"gpus": 1, "trajectories": 16, "per_hour": 1700.0, "median_speedup": 0.92, "error": None},
         {"gpus": 1, "trajectories": 32, "per_hour": 1500.0, "median_speedup": 0.92, "error": None},
@@ -175,7 +165,7 @@ def test_one_ray_gpu_must_keep_ninety_percent_of_the_local_evaluators_rate() -> 
 
 
 def test_with_gpu_judges_and_no_gpu_it_says_so_at_once(tmp_path: Path) -> None:
-    benchmark = load_benchmark()
+    benchmark = load_benchmark("ray_scaling")
     if benchmark.cuda_device_count():
         pytest.skip("a GPU is visible: the run would measure for minutes, not refuse")
     done = subprocess.run(
@@ -189,7 +179,7 @@ def test_with_gpu_judges_and_no_gpu_it_says_so_at_once(tmp_path: Path) -> None:
 
 
 def test_an_example_against_local_needs_equal_statuses_and_speedups_within_two_percent() -> None:
-    benchmark = load_benchmark()
+    benchmark = load_benchmark("ray_scaling")
 
     def run(label: str, speedups: list[float], statuses: dict[str, int]) -> dict[str, Any]:
         median = sorted(speedups)[len(speedups) // 2] if speedups else None

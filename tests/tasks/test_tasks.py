@@ -33,7 +33,14 @@ def test_the_first_families_keep_their_30_ids() -> None:
 def test_every_task_is_complete(task_id: str) -> None:
     task = tasks.get_task(task_id)
     assert task.turns == 8
-    assert task.tolerance.atol == task.tolerance.rtol == 1e-2
+    # The backward's gradients: what cuDNN's own backward needs (envs/ops/mha_bwd.yaml).
+    expected = 2e-2 if task.family == "MHABwd" else 1e-2
+    assert task.tolerance.atol == task.tolerance.rtol == expected
+    if task.family == "MHABwd":
+        assert task.outlier_tolerance is not None
+        assert task.outlier_tolerance.atol == task.outlier_tolerance.rtol == 0.4
+    else:
+        assert task.outlier_tolerance is None
     assert task.target.arch == {"H100": "sm_90a", "B200": "sm_100a"}[task.gpu]
     assert set(task.target.instruction_families) == {"compute", "data_movement"}
     assert render_signature(task.definition, task.entry_point).startswith('extern "C" int ')

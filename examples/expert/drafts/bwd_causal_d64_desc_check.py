@@ -1,4 +1,4 @@
-"""Shared-memory operands of examples/expert/drafts/mha_bwd_causal_d64.cu (CPU only).
+"""Shared-memory operands of examples/expert/mha_bwd_causal_d64.cu (CPU only).
 
 ``python examples/expert/drafts/bwd_causal_d64_desc_check.py``
 
@@ -36,7 +36,7 @@ import time
 
 import bwd_d64_desc_check
 
-HERE = pathlib.Path(__file__).parent
+HERE = pathlib.Path(__file__).parent.parent  # the shipped kernels, in ../
 SRC = (HERE / "mha_bwd_causal_d64.cu").read_text()
 BASE = (HERE / "mha_bwd_d64.cu").read_text()
 

@@ -1,4 +1,4 @@
-"""Numpy model of examples/expert/drafts/mha_bwd_causal_d64.cu (CPU only).
+"""Numpy model of examples/expert/mha_bwd_causal_d64.cu (CPU only).
 
 ``python examples/expert/drafts/bwd_causal_d64_numpy_model.py [S ...]``
 
@@ -58,7 +58,7 @@ from bwd_model import kernel_model as bwd_kernel_model
 from deskcheck import bf16
 
 D = 64
-_SRC = (pathlib.Path(__file__).parent / "mha_bwd_causal_d64.cu").read_text()
+_SRC = (pathlib.Path(__file__).parent.parent / "mha_bwd_causal_d64.cu").read_text()
 _MASKS = {(g, it): causal_mask_tile(g, it) for g in range(2) for it in range(2) if it <= g}
 _FIRST_TILE = {"q_off": lambda kt: 2 * kt}  # patched by a negative control
 # The zero-half assertion is switched off in the negative controls, so that they show what the

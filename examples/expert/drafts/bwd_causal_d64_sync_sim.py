@@ -40,7 +40,7 @@ import time
 
 from bwd_model import CausalSyncSim, causal_cta_order, causal_sync_check, list_makespan
 
-_SRC = (pathlib.Path(__file__).parent / "mha_bwd_causal_d64.cu").read_text()
+_SRC = (pathlib.Path(__file__).parent.parent / "mha_bwd_causal_d64.cu").read_text()
 HEAD_GROUP = int(re.search(r"constexpr int kHeadGroup = (\d+);", _SRC).group(1))
 N_QS = tuple(range(2, 20, 2))  # S % 128 == 0: n_q even
 

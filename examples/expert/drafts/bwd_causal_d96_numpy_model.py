@@ -1,4 +1,4 @@
-"""Numpy model of examples/expert/drafts/mha_bwd_causal_d96.cu (CPU only).
+"""Numpy model of examples/expert/mha_bwd_causal_d96.cu (CPU only).
 
 ``python examples/expert/drafts/bwd_causal_d96_numpy_model.py [S ...]`` (default S = 128, 256,
 384, 512, 1024) or ``--outliers S SEEDS``.
@@ -46,7 +46,7 @@ MASKS = {(g, it): causal_mask_tile(g, it) for g in range(2) for it in range(2) i
 
 def mask_code(name: str) -> str:
     """The mask block of a causal draft, from its "causal: mask" comment to the exp loop."""
-    src = (pathlib.Path(__file__).parent / name).read_text()
+    src = (pathlib.Path(__file__).parent.parent / name).read_text()
     start = src.index("    // causal: mask key > query")
     return src[start : src.index("      // Registers 4j+e (row r0)", start)]
 

@@ -31,7 +31,7 @@ import time
 from bwd_d96_sync_sim import Sim as D96Sim
 from bwd_model import CausalSyncSim, causal_sync_check
 
-_DIR = pathlib.Path(__file__).parent
+_DIR = pathlib.Path(__file__).parent.parent  # the shipped kernels, in ../
 
 
 class Sim(CausalSyncSim):

@@ -1,4 +1,4 @@
-"""Numpy model of examples/expert/drafts/mha_bwd_causal_d128.cu (CPU only).
+"""Numpy model of examples/expert/mha_bwd_causal_d128.cu (CPU only).
 
 ``python examples/expert/drafts/bwd_causal_numpy_model.py [S ...]``
 

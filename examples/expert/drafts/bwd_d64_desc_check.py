@@ -1,4 +1,4 @@
-"""Desk check of examples/expert/drafts/mha_bwd_d64.cu's shared-memory operands (CPU only).
+"""Desk check of examples/expert/mha_bwd_d64.cu's shared-memory operands (CPU only).
 
 ``python examples/expert/drafts/bwd_d64_desc_check.py``
 
@@ -34,7 +34,7 @@ from bwd_model import check_rs_fragments, store_ds_t
 from deskcheck import Smem, dc, make_desc128, tma_box64, wrong_reads
 
 # Kernel constants (mha_bwd_d64.cu), the two that vary read from the source itself.
-_SRC = (pathlib.Path(__file__).parent / "mha_bwd_d64.cu").read_text()
+_SRC = (pathlib.Path(__file__).parent.parent / "mha_bwd_d64.cu").read_text()
 STAGES = int(re.search(r"constexpr int kStages = (\d+);", _SRC).group(1))
 D = int(re.search(r"constexpr int kD = (\d+);", _SRC).group(1))
 assert D == 64

@@ -28,7 +28,7 @@ import sys
 
 from bwd_model import BwdSyncSim, sync_main
 
-_SRC = (pathlib.Path(__file__).parent / "mha_bwd_d64.cu").read_text()
+_SRC = (pathlib.Path(__file__).parent.parent / "mha_bwd_d64.cu").read_text()
 
 
 class Sim(BwdSyncSim):

@@ -1,4 +1,4 @@
-"""Desk check of examples/expert/drafts/mha_bwd_d96.cu's shared-memory operands (CPU only).
+"""Desk check of examples/expert/mha_bwd_d96.cu's shared-memory operands (CPU only).
 
 ``python examples/expert/drafts/bwd_d96_desc_check.py``
 
@@ -44,7 +44,7 @@ from bwd_model import check_rs_fragments, store_ds_t
 from deskcheck import Smem, dc, make_desc64, make_desc128, tma_box_sw64, wrong_reads
 
 # Kernel constants (mha_bwd_d96.cu), the two that vary read from the source itself.
-_SRC = (pathlib.Path(__file__).parent / "mha_bwd_d96.cu").read_text()
+_SRC = (pathlib.Path(__file__).parent.parent / "mha_bwd_d96.cu").read_text()
 STAGES = int(re.search(r"constexpr int kStages = (\d+);", _SRC).group(1))
 D = int(re.search(r"constexpr int kD = (\d+);", _SRC).group(1))
 assert D == 96
@@ -178,7 +178,7 @@ def causal_shares_layout() -> int:
     the box constants to the pre kernel and the consumers' descriptor setup must be identical."""
 
     def parts(name: str) -> list[str]:
-        src = (pathlib.Path(__file__).parent / name).read_text()
+        src = (pathlib.Path(__file__).parent.parent / name).read_text()
         out = []
         for begin, end in (
             ("// d96: TMA boxes are", "// Dr[b, h, s] ="),

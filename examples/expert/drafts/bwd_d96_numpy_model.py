@@ -1,4 +1,4 @@
-"""Numpy model of examples/expert/drafts/mha_bwd_d96.cu's tiling, order and roundings (CPU only).
+"""Numpy model of examples/expert/mha_bwd_d96.cu's tiling, order and roundings (CPU only).
 
 ``python examples/expert/drafts/bwd_d96_numpy_model.py [S ...]`` (default S = 256, 512, 1024,
 plain and staggered query order) or ``--outliers S SEEDS``.

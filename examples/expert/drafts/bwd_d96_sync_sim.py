@@ -32,7 +32,7 @@ import time
 
 from bwd_model import BwdSyncSim, sync_main
 
-_SRC = (pathlib.Path(__file__).parent / "mha_bwd_d96.cu").read_text()
+_SRC = (pathlib.Path(__file__).parent.parent / "mha_bwd_d96.cu").read_text()
 
 
 class Sim(BwdSyncSim):

@@ -1,4 +1,4 @@
-"""Desk check of examples/expert/drafts/mha_bwd_d128.cu's shared-memory operands (CPU only).
+"""Desk check of examples/expert/mha_bwd_d128.cu's shared-memory operands (CPU only).
 
 ``python examples/expert/drafts/bwd_desc_check.py``
 

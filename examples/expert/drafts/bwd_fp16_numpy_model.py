@@ -1,4 +1,4 @@
-"""Numpy model of examples/expert/drafts/mha_bwd_d128_fp16.cu (CPU only): the d128 draft's tiling,
+"""Numpy model of examples/expert/mha_bwd_d128_fp16.cu (CPU only): the d128 draft's tiling,
 order and products (bwd_model.kernel_model with the d128 draft's G5), with the fp16 variant's
 roundings: the Q, K, V, dO operand tiles converted bf16 -> fp16 in shared memory, and P^T and
 dS^T packed to fp16 (instead of bf16) for G3/G4 and the dS^T buffer that G5 reads; fp32

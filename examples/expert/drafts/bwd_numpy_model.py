@@ -1,4 +1,4 @@
-"""Numpy model of examples/expert/drafts/mha_bwd_d128.cu's tiling, order and roundings (CPU only).
+"""Numpy model of examples/expert/mha_bwd_d128.cu's tiling, order and roundings (CPU only).
 
 ``python examples/expert/drafts/bwd_numpy_model.py [S ...]``
 

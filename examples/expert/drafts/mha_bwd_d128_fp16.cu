@@ -1,11 +1,13 @@
 // Expert attention backward, head_dim 128, FlashAttention-3 style, for Hopper (sm_90a).
-// fp16: VARIANT of mha_bwd_d128.cu whose five tensor-core products run on fp16 operands (wgmma
+// fp16: VARIANT of ../mha_bwd_d128.cu whose five tensor-core products run on fp16 operands (wgmma
 // .f16.f16, fp32 accumulate) instead of bf16, so that P^T and dS^T, the two operands the kernel
-// rounds itself, keep 11 mantissa bits instead of 8 (the bf16 draft fails the judge's outlier
-// stage on that rounding; see drafts/README.md and bwd_fp16_numpy_model.py). Every change from
-// mha_bwd_d128.cu is marked "fp16:"; everything else (tiling, schedule, descriptors, TMA maps,
-// dQ staging/reduce, pre/post kernels, host code) is that draft's, unchanged.
-// DRAFT: compiles for sm_90a and was desk-checked on a CPU; not yet run on a GPU.
+// rounds itself, keep 11 mantissa bits instead of 8 (at the outlier stage's first tolerance,
+// atol = rtol = 1e-2, the bf16 kernel's worst element was 10.7x it and this one's 1.06x on an
+// H200; README.md and bwd_fp16_numpy_model.py). Every change from mha_bwd_d128.cu is marked
+// "fp16:"; everything else (tiling, schedule, descriptors, TMA maps, dQ staging/reduce,
+// pre/post kernels, host code) is that kernel's, unchanged.
+// DRAFT: PASSED and qualified on an H200 (2026-12-02) with the backward tasks' measured tolerances,
+// but at 0.899x cuDNN (2.904 ms) it is slower than the bf16 kernel (1.011x), so it stays a draft.
 // fp16: numerics (bwd_fp16_numpy_model.py, outlier inputs, S = 4096, one head per seed): worst
 // err/tol dK, dV <= 0.46 (bf16 draft 1.6-2.9), dQ 0.36-0.97 on 8 of 9 seeds but 1.49 on one (bf16
 // draft 3.6-7.3): dQ may still fail the outlier stage; a hi/lo fp16 split of dS for G5 is the

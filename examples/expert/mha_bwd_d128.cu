@@ -1,50 +1,55 @@
-// Expert attention backward, head_dim 64, FlashAttention-3 style, for Hopper (sm_90a).
-// DRAFT: compiles for sm_90a and was desk-checked on a CPU; not yet run on a GPU.
+// Expert attention backward, head_dim 128, FlashAttention-3 style, for Hopper (sm_90a).
+// H200, 2026-12-02, `ptxgym eval PTX-H100-MHABwd-d128` defaults: PASSED, qualified, 2.584 ms against
+// cuDNN's 2.611 ms (1.011x; docs/benchmarks.md, twentieth session).
 //
-//   Q, K, V, O, dO, dQ, dK, dV: [B, S, H, 64] bf16 (D contiguous; one head's consecutive tokens
-//   are H*64 elements apart);  LSE: [B, H, S] fp32, natural log, non-causal, scale = 1/sqrt(64).
+//   Q, K, V, O, dO, dQ, dK, dV: [B, S, H, 128] bf16 (D contiguous; one head's consecutive tokens
+//   are H*128 elements apart);  LSE: [B, H, S] fp32, natural log, non-causal, scale = 1/sqrt(128).
 //   P = exp(scale Q K^T - LSE),  Dr = rowsum(dO * O),  dS = P * (dO V^T - Dr)
 //   dV = P^T dO,  dK = scale dS^T Q,  dQ = scale dS K.
 //   S must be a multiple of 128 (cudaErrorInvalidValue otherwise).
 //
-// Derived from examples/expert/drafts/mha_bwd_d128.cu with the smallest changes; every changed
-// place is marked "d64". The structure (pre kernel, memset, main kernel with 1 producer + 2
-// consumer warpgroups keeping dK_g/dV_g in registers, one dS^T barrier per tile, double-buffered
-// dS^T, fp32 dQ through a TMA reduce-add, post kernel) is the d128 draft's. What changes:
-//   * d64, boxes: a row of 64 bf16 is 128 B = one 128B-swizzle atom column, so every tile is ONE
-//     TMA box (as the 128-row d64 forward, mha_fwd_d64.cu's predecessor, did to the d128
-//     forward): K, V [128][64] = 16 KB, Q, dO [64][64] = 8 KB. Tensor maps {64, H, B*S}, strides {128 B, H*128 B}.
-//   * d64, G1/G2 (S^T = K_g Q^T, dP^T = V_g dO^T): m64n64k16 SS, 4 k-steps over d, k-step kk =
-//     +32 B inside the swizzled row (no second box). A = K_g / V_g rows 64g.. (+8 KB), B = the
-//     Q / dO stage, both K-major (desc LBO 16, SBO 1024).
-//   * d64, G3/G4 (dV += P^T dO, dK += dS^T Q): m64n64k16 RS (N = d = 64), B MN-major with N = 64
-//     = one atom column, so LBO is never used; SBO 1024, k-step = 16 queries = +2048 B. dK_g and
-//     dV_g are 32 fp32 registers each (64 at d128).
-//   * d64, G5 (dQ_i = dS K_j, [64 q][64 d] over 128 keys): the pack has no m64n32 wgmma, so the
-//     d128 split (warpgroup g computes d columns 64g..64g+63) cannot be halved. Instead ONE
-//     warpgroup computes the whole tile, alternating: g = it & 1 (m64n64k16 SS, trans-a/trans-b,
-//     8 k-steps over the 128 keys; A = dS MN-major from the dS^T buffer exactly as at d128, B =
-//     the K tile MN-major, N = 64 = one atom column). The other warpgroup skips G5 and its
-//     staging. Per tile: 16 KB reduced into dQacc (the d128 draft reduces 32 KB per tile of twice
-//     the work, so the reduce bytes per FLOP are unchanged). Why not per-warpgroup partials over
-//     its own 64 keys (no cross-warpgroup barrier)? That doubles the reduce traffic (2 x 16 KB per
-//     tile); the alternation keeps the d128 draft's barrier and buffer protocol instead.
-//     Both warpgroups still sync (not just arrive) on the dS^T barrier: an arrive-only warpgroup
-//     could run a whole tile ahead and arrive twice in one barrier generation
-//     (bwd_d64_sync_sim.py's negative control "arrive_only").
-//   * d64, dQacc: per (b, h, query tile) 4096 floats, chunk c (registers 4c..4c+3 of the
-//     m64n64 accumulator) at +512c, thread t at +4t; the staging buffer (16 KB per warpgroup, as
-//     at d128) is one [64][64] fp32 TMA box of a 2-D map {64, B*S*H}.
-//   * d64, stages: kStages = 4 (a tile is consumed in about half the d128 time, so twice the
-//     stages cover the same load latency; the forward d64 kernel made the same choice).
-//     Registers: dK/dV 32 + 32, S^T/dP^T 32 + 32, dQ 32, P^T/dS^T fragments 16 + 16.
-//   * d64, pre kernel: one warp per row, 2 elements per lane.
+// Three kernels on `stream` (packs/h100/scheduling.md §3):
+//   1. bwd_pre_kernel: Dr[b, h, s] = sum_d dO * O (fp32), one warp per token row. The fp32 dQ
+//      accumulator is zeroed by cudaMemsetAsync just before.
+//   2. mha_bwd_d128_kernel, one CTA per (128-key tile, head, batch), grid (S/128, H, B), key tile
+//      fastest so the 32 CTAs of one head run together and share that head's Q/dO in L2.
+//      384 threads = 3 warpgroups:
+//      * WG0 producer (setmaxnreg.dec 24): one thread loads K_j and V_j once (4 TMA boxes,
+//        kv_full), then streams (Q_i, dO_i, LSE_i, Dr_i) for every 64-query tile i through a
+//        kStages ring of full/empty mbarriers (4 TMA boxes + 2 bulk copies of 256 B per stage).
+//      * WG1, WG2 consumers (setmaxnreg.inc 240); consumer g owns keys 64g .. 64g+63 of the tile
+//        (wgmma M = 64) and keeps dK_g and dV_g (64 x 128 fp32 each) in registers for the whole
+//        loop. Per query tile i (all products transposed so the keys are the M dimension):
+//          G1  S^T  = K_g Q_i^T      m64n64k16 SS, 8 k-steps over d, both K-major
+//          G2  dP^T = V_g dO_i^T     m64n64k16 SS, same form
+//              P^T  = ex2(S^T c - LSE_i log2e)   (c = scale log2e; LSE indexed by the column)
+//          G3  dV  += P^T dO_i       m64n128k16 RS, P^T packed to bf16 from the S^T registers,
+//                                    dO_i is the MN-major B (trans-b 1), 4 k-steps of 16 queries
+//              dS^T = P^T (dP^T - Dr_i), packed to bf16 and also stored to smem (dS^T buffer)
+//          G4  dK  += dS^T Q_i       m64n128k16 RS, Q_i MN-major
+//              named barrier over both consumers: the whole [128 keys][64 q] dS^T is in smem
+//          G5  dQ_i[:, 64g..64g+63] = dS K_j[:, 64g..]   m64n64k16 SS, A = dS read MN-major
+//                                    from the dS^T buffer (trans-a 1), B = K box g MN-major
+//                                    (trans-b 1), 8 k-steps of 16 keys
+//          the fp32 dQ partial goes to a per-warpgroup 16 KB smem staging buffer and one thread
+//          adds it into the fp32 accumulator with a TMA reduce-add (cp.reduce.async.bulk.tensor
+//          .add, ptx::tma_reduce_add_2d).
+//        Overlap inside a warpgroup: the exp of P^T runs under G2, the dS^T math and its smem
+//        store run under G3, the cross-warpgroup barrier under G3/G4. Across warpgroups the two
+//        consumers' elementwise phases and GEMMs interleave freely except at the one barrier.
+//      * The fp32 dQ accumulator uses a "fragment" layout: per (b, h, query tile) 8192 floats,
+//        warpgroup half g at +4096, then chunk c (registers 4c..4c+3 of the m64n64 accumulator)
+//        at +512c, then thread t at +4t. The staging writes are then one float4 per thread at
+//        consecutive 16-B addresses (no bank conflicts), the 16 KB half is one contiguous
+//        [64][64] fp32 TMA box, and kernel 3 undoes the permutation.
+//   3. bwd_post_kernel: dQ = bf16(scale * dQacc) in [B, S, H, 128], one float4 per thread.
 //
-// Shared memory (from a 1024-aligned base): K 16 KB + V 16 KB + kStages x (Q 8 KB + dO 8 KB)
-// + dS^T 2 x 16 KB + dQ staging 2 x 16 KB + kStages x 512 B (LSE, Dr) + mbarriers; kStages = 4:
-// 165,960 B + 1 KB alignment slack.
+// Shared memory (from a 1024-aligned base): K 32 KB + V 32 KB + kStages x (Q 16 KB + dO 16 KB)
+// + dS^T 2 x 16 KB (double-buffered, see the barrier argument at the dS^T store) + dQ staging
+// 2 x 16 KB + kStages x 512 B (LSE, Dr) + mbarriers; kStages = 2: 197,672 B + 1 KB alignment
+// slack.
 //
-// Scratch (allocated once, grown on demand, kept across calls): dQacc (B*H*S*64 fp32) and Dr
+// Scratch (allocated once, grown on demand, kept across calls): dQacc (B*H*S*128 fp32) and Dr
 // (B*H*S fp32).
 
 #include "ptxgym_h100.cuh"
@@ -56,21 +61,22 @@
 
 namespace {
 
-constexpr int kD = 64;         // head dimension (fixed; d64)
+constexpr int kD = 128;        // head dimension (fixed)
 constexpr int kBN = 128;       // keys per CTA: 2 consumer warpgroups x 64
 constexpr int kBM = 64;        // queries per streamed tile
-constexpr int kStages = 4;     // d64: depth of the (Q, dO, LSE, Dr) ring (2 at d128)
+constexpr int kStages = 2;     // depth of the (Q, dO, LSE, Dr) ring; 3 also fits (231,992 B)
 constexpr int kThreads = 384;  // producer WG + 2 consumer WGs
 // Visit the query tiles of CTA kt starting at tile 2*kt (mod S/64) instead of 0, so the 32
 // CTAs of a head reduce into different dQ tiles at any moment. Off = FA3's plain order.
 constexpr bool kStaggerQ = false;
 
 // TMA boxes, all [rows][64 bf16] = rows x 128 B, 128B-swizzled (one K-major swizzle-atom column).
-// d64: one box per tile (the d128 draft needed two, for d 0..63 and 64..127).
-constexpr uint32_t kKTile = 128u * 128u;     // K or V tile = box: 128 keys x 64 d = 16 KB
-constexpr uint32_t kQTile = 64u * 128u;      // Q or dO tile = box: 64 queries x 64 d = 8 KB
+constexpr uint32_t kKBox = 128u * 128u;      // K/V box: 128 keys x 64 d = 16 KB
+constexpr uint32_t kKTile = 2u * kKBox;      // K or V tile (d 0..63 box, then d 64..127 box)
+constexpr uint32_t kQBox = 64u * 128u;       // Q/dO box: 64 queries x 64 d = 8 KB
+constexpr uint32_t kQTile = 2u * kQBox;      // Q or dO tile: 16 KB
 constexpr uint32_t kDsBytes = 128u * 128u;   // dS^T buffer [128 keys][64 q] bf16 = 16 KB
-constexpr uint32_t kDqTile = 64u * 64u * 4u; // d64: the whole dQ partial [64 q][64 d] fp32
+constexpr uint32_t kDqHalf = 64u * 64u * 4u; // one warpgroup's dQ partial [64 q][64 d] fp32
 
 // Byte offsets from the 1024-aligned base. Every operand tile starts on a 1024-B boundary so the
 // swizzle phase of TMA / the dS^T stores and wgmma agree (descriptor base_offset = 0).
@@ -79,8 +85,8 @@ constexpr uint32_t kOffV = kOffK + kKTile;
 constexpr uint32_t kOffQ = kOffV + kKTile;                 // stage s at + s * kQTile
 constexpr uint32_t kOffDO = kOffQ + kStages * kQTile;      // stage s at + s * kQTile
 constexpr uint32_t kOffDS = kOffDO + kStages * kQTile;     // buffer (it & 1) at + buf * kDsBytes
-constexpr uint32_t kOffDQ = kOffDS + 2 * kDsBytes;         // consumer g at + g * kDqTile
-constexpr uint32_t kOffLSE = kOffDQ + 2 * kDqTile;         // stage s: 64 floats at + s * 256
+constexpr uint32_t kOffDQ = kOffDS + 2 * kDsBytes;         // consumer g at + g * kDqHalf
+constexpr uint32_t kOffLSE = kOffDQ + 2 * kDqHalf;         // stage s: 64 floats at + s * 256
 constexpr uint32_t kOffDR = kOffLSE + kStages * 256;       // stage s: 64 floats at + s * 256
 constexpr uint32_t kOffBar = kOffDR + kStages * 256;
 constexpr uint32_t kNumBars = 1 + 2 * kStages;             // kv_full, q_full[], q_empty[]
@@ -104,8 +110,8 @@ constexpr uint32_t kStageBar = 2;
 
 constexpr float kLog2e = 1.4426950408889634f;
 
-// dQacc: floats per (b, h, query tile); d64: one warpgroup writes all of it.
-constexpr int kDqTileFloats = kBM * kD;  // 4096
+// dQacc: floats per (b, h, query tile) and per warpgroup half.
+constexpr int kDqTileFloats = kBM * kD;  // 8192
 
 template <int R>
 __device__ __forceinline__ void fence_frag(uint32_t (&f)[R][4]) {
@@ -113,35 +119,35 @@ __device__ __forceinline__ void fence_frag(uint32_t (&f)[R][4]) {
   for (int s = 0; s < R; ++s) ptx::fence_regs(f[s]);
 }
 
-// X_g Y^T over D = 64 (S^T = K_g Q^T or dP^T = V_g dO^T): d64: 4 k-steps of m64n64k16 SS, both
-// operands K-major 128B-swizzled. da: this warpgroup's 64 rows of the K/V tile; db: the Q/dO
-// stage. The whole d range is one 128-B swizzled row: k-step kk = +32 B, no box change.
-// scale_d = 0 on the first k-step.
+// X_g Y^T over D = 128 (S^T = K_g Q^T or dP^T = V_g dO^T): 8 k-steps of m64n64k16 SS, both
+// operands K-major 128B-swizzled. da: this warpgroup's 64 rows of the K/V tile (box 0);
+// db: the Q/dO stage (box 0). k-step kk lives in box kk/4 at +32 B per 16 d; the A boxes are
+// 16 KB apart (128 rows) and the B boxes 8 KB (64 rows). scale_d = 0 on the first k-step.
 __device__ __forceinline__ void issue_xyT(float (&acc)[32], uint64_t da, uint64_t db) {
 #pragma unroll
-  for (int kk = 0; kk < 4; ++kk) {
-    const uint32_t in_row = static_cast<uint32_t>(kk) * 32u;
-    ptx::wgmma_ss<64, 0, 0>(acc, ptx::desc_advance(da, in_row), ptx::desc_advance(db, in_row),
-                            kk > 0 ? 1 : 0);
+  for (int kk = 0; kk < 8; ++kk) {
+    const uint32_t in_row = static_cast<uint32_t>(kk % 4) * 32u;
+    const uint32_t box = static_cast<uint32_t>(kk / 4);
+    ptx::wgmma_ss<64, 0, 0>(acc, ptx::desc_advance(da, box * kKBox + in_row),
+                            ptx::desc_advance(db, box * kQBox + in_row), kk > 0 ? 1 : 0);
   }
 }
 
-// acc[64 keys][64 d] += F[64 keys][64 q] Y[64 q][64 d] (dV += P^T dO, dK += dS^T Q):
-// d64: 4 k-steps of m64n64k16 RS. F's k-step s = accumulator registers 8s..8s+7 (queries 16s..);
-// Y is the MN-major B: k-step s = query rows 16s.. = +16 * 128 B. N = 64 is one swizzle-atom
-// column, so the descriptor's LBO (next 64-wide MN block) is never used.
-__device__ __forceinline__ void issue_rs(float (&acc)[32], const uint32_t (&f)[4][4],
+// acc[64 keys][128 d] += F[64 keys][64 q] Y[64 q][128 d] (dV += P^T dO, dK += dS^T Q):
+// 4 k-steps of m64n128k16 RS. F's k-step s = accumulator registers 8s..8s+7 (queries 16s..);
+// Y is the MN-major B: k-step s = query rows 16s.. = +16 * 128 B, the d 64..127 box one LBO
+// (= kQBox) further.
+__device__ __forceinline__ void issue_rs(float (&acc)[64], const uint32_t (&f)[4][4],
                                          uint64_t db) {
 #pragma unroll
   for (int s = 0; s < 4; ++s) {
-    ptx::wgmma_rs<64, 1>(acc, f[s], ptx::desc_advance(db, 2048u * static_cast<uint32_t>(s)), 1);
+    ptx::wgmma_rs<128, 1>(acc, f[s], ptx::desc_advance(db, 2048u * static_cast<uint32_t>(s)), 1);
   }
 }
 
-// dQ[64 q][64 d] = dS[64 q][128 keys] K[128 keys][64 d]: 8 k-steps of m64n64k16 SS.
+// dQ_g[64 q][64 d] = dS[64 q][128 keys] K[128 keys][64g .. 64g+63]: 8 k-steps of m64n64k16 SS.
 // A = dS, MN-major (trans-a 1): the dS^T buffer row = key, 64 queries = one 128-B swizzled row,
-// k-step s = keys 16s.. = +2048 B. B = the K tile (d64: all 64 d = one box), MN-major
-// (trans-b 1), k-step s = +2048 B.
+// k-step s = keys 16s.. = +2048 B. B = K box g, MN-major (trans-b 1), k-step s = +2048 B.
 __device__ __forceinline__ void issue_dq(float (&acc)[32], uint64_t da, uint64_t db) {
 #pragma unroll
   for (int s = 0; s < 8; ++s) {
@@ -173,7 +179,7 @@ __device__ __forceinline__ void store_dq(const float (&dq)[32], float4* stage_t,
   }
 }
 
-// Dr[b, h, s] = sum_d dO[b, s, h, d] * O[b, s, h, d], one warp per (b, s, h) row (d64: 2 per lane).
+// Dr[b, h, s] = sum_d dO[b, s, h, d] * O[b, s, h, d], one warp per (b, s, h) row.
 __global__ void __launch_bounds__(256) bwd_pre_kernel(const __nv_bfloat16* __restrict__ O,
                                                       const __nv_bfloat16* __restrict__ dO,
                                                       float* __restrict__ Dr, int S, int H,
@@ -181,12 +187,14 @@ __global__ void __launch_bounds__(256) bwd_pre_kernel(const __nv_bfloat16* __res
   const long long row = static_cast<long long>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   if (row >= rows) return;
-  const size_t base = static_cast<size_t>(row) * kD + lane * 2;
-  const unsigned int o_raw = __ldg(reinterpret_cast<const unsigned int*>(O + base));
-  const unsigned int g_raw = __ldg(reinterpret_cast<const unsigned int*>(dO + base));
-  const float2 o0 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&o_raw));
-  const float2 g0 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&g_raw));
-  float sum = o0.x * g0.x + o0.y * g0.y;
+  const size_t base = static_cast<size_t>(row) * kD + lane * 4;
+  const uint2 o_raw = __ldg(reinterpret_cast<const uint2*>(O + base));
+  const uint2 g_raw = __ldg(reinterpret_cast<const uint2*>(dO + base));
+  const __nv_bfloat162* o2 = reinterpret_cast<const __nv_bfloat162*>(&o_raw);
+  const __nv_bfloat162* g2 = reinterpret_cast<const __nv_bfloat162*>(&g_raw);
+  const float2 o0 = __bfloat1622float2(o2[0]), o1 = __bfloat1622float2(o2[1]);
+  const float2 g0 = __bfloat1622float2(g2[0]), g1 = __bfloat1622float2(g2[1]);
+  float sum = o0.x * g0.x + o0.y * g0.y + o1.x * g1.x + o1.y * g1.y;
 #pragma unroll
   for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
   if (lane == 0) {
@@ -200,14 +208,14 @@ __global__ void __launch_bounds__(256) bwd_pre_kernel(const __nv_bfloat16* __res
 }
 
 __global__ void __launch_bounds__(kThreads, 1)
-    mha_bwd_d64_kernel(const __grid_constant__ CUtensorMap tmQ,
-                       const __grid_constant__ CUtensorMap tmK,
-                       const __grid_constant__ CUtensorMap tmV,
-                       const __grid_constant__ CUtensorMap tmdO,
-                       const __grid_constant__ CUtensorMap tmDQ, const float* __restrict__ LSE,
-                       const float* __restrict__ Dr, __nv_bfloat16* __restrict__ dK,
-                       __nv_bfloat16* __restrict__ dV, int S, int H, float scale,
-                       float scale_log2) {
+    mha_bwd_d128_kernel(const __grid_constant__ CUtensorMap tmQ,
+                        const __grid_constant__ CUtensorMap tmK,
+                        const __grid_constant__ CUtensorMap tmV,
+                        const __grid_constant__ CUtensorMap tmdO,
+                        const __grid_constant__ CUtensorMap tmDQ, const float* __restrict__ LSE,
+                        const float* __restrict__ Dr, __nv_bfloat16* __restrict__ dK,
+                        __nv_bfloat16* __restrict__ dV, int S, int H, float scale,
+                        float scale_log2) {
   extern __shared__ uint8_t smem_raw[];
   // The dynamic smem base is not guaranteed 1024-aligned: round it up (1 KB extra requested).
   // Offsetting smem_raw itself (instead of casting a rounded integer back to a pointer) keeps
@@ -258,8 +266,10 @@ __global__ void __launch_bounds__(kThreads, 1)
       const int tok0 = b * S;
       const int k_tok = tok0 + kt * kBN;
       ptx::mbar_arrive_expect_tx(kv_full, kKvTx);
-      ptx::tma_load_3d(sK, &tmK, kv_full, 0, h, k_tok);  // d64: the whole tile, one box
+      ptx::tma_load_3d(sK, &tmK, kv_full, 0, h, k_tok);            // d 0..63
+      ptx::tma_load_3d(sK + kKBox, &tmK, kv_full, 64, h, k_tok);   // d 64..127
       ptx::tma_load_3d(sV, &tmV, kv_full, 0, h, k_tok);
+      ptx::tma_load_3d(sV + kKBox, &tmV, kv_full, 64, h, k_tok);
       // LSE and Dr rows of this (b, h): [B, H, S] fp32, 64 floats (256 B) per query tile.
       const float* lse_bh = LSE + (static_cast<size_t>(b) * H + h) * S;
       const float* dr_bh = Dr + (static_cast<size_t>(b) * H + h) * S;
@@ -273,8 +283,10 @@ __global__ void __launch_bounds__(kThreads, 1)
         const int q_tok = tok0 + qt * kBM;
         uint8_t* dq = sQ + st * kQTile;
         uint8_t* ddo = sdO + st * kQTile;
-        ptx::tma_load_3d(dq, &tmQ, &q_full[st], 0, h, q_tok);  // d64: one box per tile
+        ptx::tma_load_3d(dq, &tmQ, &q_full[st], 0, h, q_tok);
+        ptx::tma_load_3d(dq + kQBox, &tmQ, &q_full[st], 64, h, q_tok);
         ptx::tma_load_3d(ddo, &tmdO, &q_full[st], 0, h, q_tok);
+        ptx::tma_load_3d(ddo + kQBox, &tmdO, &q_full[st], 64, h, q_tok);
         ptx::bulk_copy_g2s(sLSE + st * 64, lse_bh + qt * kBM, 256u, &q_full[st]);
         ptx::bulk_copy_g2s(sDR + st * 64, dr_bh + qt * kBM, 256u, &q_full[st]);
         if (++st == kStages) { st = 0; ph ^= 1u; }
@@ -299,8 +311,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   // S^T / dP^T A operand: this warpgroup's 64 key rows start 64 * 128 B = 8 KB into each box.
   const uint64_t dk_a = ptx::make_desc_kmajor_sw128(sK + g * 8192u);
   const uint64_t dv_a = ptx::make_desc_kmajor_sw128(sV + g * 8192u);
-  // dQ B operand: d64: the whole K tile (d 0..63), MN-major, N = 64 (one MN block, LBO unused).
-  const uint64_t dk_b = ptx::make_desc_mnmajor_sw128(sK, kKTile);
+  // dQ B operand: K box g = d columns 64g .. 64g+63, MN-major, N = 64 (one MN block, LBO unused).
+  const uint64_t dk_b = ptx::make_desc_mnmajor_sw128(sK + g * kKBox, kKBox);
 
   // dS^T store addresses: rows (keys) 64g + r0 and 64g + r0 + 8 of the [128][64] bf16 buffer,
   // 128 B per row. Both rows are = r0 = lane/4 (mod 8), so the 128B swizzle XORs the 16-B chunk
@@ -308,22 +320,22 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint32_t ds_row0 = (64u * g + r0) * 128u;
   const uint32_t ds_row1 = ds_row0 + 8u * 128u;
   const uint32_t ds_xor = (lane / 4u) << 4;
-  // dQ staging: this warpgroup's [64][64] fp32 buffer (d64: the whole tile, on the iterations
-  // this warpgroup runs G5), float4 chunk c of thread t at (128c + t)*16.
-  float4* dq_stage = reinterpret_cast<float4*>(sDQ + g * kDqTile) + t;
-  // dQacc tensor-map row (64 floats per row) of query tile qt: ((b*H + h) * n_q + qt) * 4096 / 64.
-  const int dq_row_bh = (b * H + h) * n_q * (kDqTileFloats / 64);
+  // dQ staging: this warpgroup's [64][64] fp32 half, float4 chunk c of thread t at (128c + t)*16.
+  float4* dq_stage = reinterpret_cast<float4*>(sDQ + g * kDqHalf) + t;
+  // dQacc tensor-map row (64 floats per row) of this warpgroup's half of query tile qt:
+  // (((b*H + h) * n_q + qt) * 8192 + g * 4096) / 64.
+  const int dq_row_bh = (b * H + h) * n_q * (kDqTileFloats / 64) + static_cast<int>(g) * 64;
 
-  float dk_acc[32];   // dK_g (unscaled), [64 keys][64 d]  (d64: 32 registers)
-  float dv_acc[32];   // dV_g, [64 keys][64 d]
+  float dk_acc[64];   // dK_g (unscaled), [64 keys][128 d]
+  float dv_acc[64];   // dV_g, [64 keys][128 d]
   float s_acc[32];    // S^T, overwritten in place by P^T
   float dp_acc[32];   // dP^T, overwritten in place by dS^T
-  float dq_acc[32];   // dQ partial [64 q][64 d] of this query tile (d64: all d, every 2nd tile)
+  float dq_acc[32];   // dQ partial [64 q][64 d] of this query tile
   uint32_t pf[4][4];  // P^T as bf16 RS A-fragments, one [4] per k-step of 16 queries
   uint32_t df[4][4];  // dS^T as bf16 RS A-fragments
 
 #pragma unroll
-  for (int i = 0; i < 32; ++i) {
+  for (int i = 0; i < 64; ++i) {
     dk_acc[i] = 0.f;
     dv_acc[i] = 0.f;
   }
@@ -377,7 +389,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     ptx::fence_regs(dv_acc);
     fence_frag(pf);
     ptx::wgmma_fence();
-    issue_rs(dv_acc, pf, ptx::make_desc_mnmajor_sw128(do_stage, kQTile));
+    issue_rs(dv_acc, pf, ptx::make_desc_mnmajor_sw128(do_stage, kQBox));
     ptx::wgmma_commit();  // G3
 
     // ---- 4. dS^T = P^T (dP^T - Dr) while G3 runs; store it for the dQ GEMM ----
@@ -402,9 +414,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     // df[s][1] = (key r0+8, same q), df[s][2] / df[s][3] = the same rows at q + 8. The byte
     // column 2q = 32s + 4q4 (+16) sits in 16-B chunk 2s (+1), XORed with the row's lane/4.
     // Each warp store covers 8 rows with 8 distinct chunks: all 32 banks, no conflict.
-    // Reuse of this buffer (written two iterations ago): the consumer whose G5 read it (d64: only
-    // warpgroup (it - 2) & 1) retired that G5 before it arrived at the kDsBar barrier of the
-    // previous iteration, which this warpgroup has passed.
+    // Reuse of this buffer (written two iterations ago): both consumers' G5 that read it retired
+    // before each of them arrived at the kDsBar barrier of the previous iteration, which this
+    // warpgroup has passed.
     {
       uint8_t* ds = sDS + buf * kDsBytes;
 #pragma unroll
@@ -423,41 +435,32 @@ __global__ void __launch_bounds__(kThreads, 1)
     ptx::fence_regs(dk_acc);
     fence_frag(df);
     ptx::wgmma_fence();
-    issue_rs(dk_acc, df, ptx::make_desc_mnmajor_sw128(q_stage, kQTile));
+    issue_rs(dk_acc, df, ptx::make_desc_mnmajor_sw128(q_stage, kQBox));
     ptx::wgmma_commit();  // G4
 
-    // ---- 6. G5: dQ_i = dS K_j once both halves of dS^T are stored ----
-    // d64: only warpgroup (it & 1) runs G5 and stages/reduces dQ_i (see the header); both sync.
-    // Steps 7-8 sit in ONE if/else on do_dq, the stage release duplicated in both arms: with two
-    // separate `if (do_dq)` blocks ptxas cannot tell that G5's wait<0> always follows its issue
-    // and injects a wait at the loop back-edge (C7517).
+    // ---- 6. G5: dQ_i[:, 64g..] = dS K_j[:, 64g..] once both halves of dS^T are stored ----
     ptx::named_bar_sync(kDsBar, 256);
-    const bool do_dq = static_cast<uint32_t>(it & 1) == g;
+    ptx::fence_regs(dq_acc);
+    ptx::wgmma_fence();
+    issue_dq(dq_acc, ptx::make_desc_mnmajor_sw128(sDS + buf * kDsBytes, kDsBytes), dk_b);
+    ptx::wgmma_commit();  // G5
+
     // ---- 7. release the stage once G3 and G4 (the last readers of Q_i and dO_i) retired ----
-    auto release_stage = [&]() {
-      ptx::fence_regs(dv_acc);
-      ptx::fence_regs(dk_acc);
-      fence_frag(pf);  // keeps the fragments unclobbered until their GEMMs retired
-      fence_frag(df);
-      if (lane == 0) ptx::mbar_arrive(&q_empty[st]);
-      if (++st == kStages) { st = 0; ph ^= 1u; }
-    };
-    if (do_dq) {
-      ptx::fence_regs(dq_acc);
-      ptx::wgmma_fence();
-      issue_dq(dq_acc, ptx::make_desc_mnmajor_sw128(sDS + buf * kDsBytes, kDsBytes), dk_b);
-      ptx::wgmma_commit();  // G5
-      ptx::wgmma_wait<1>();  // G3, G4 retired (G5 may still run)
-      release_stage();
-      // ---- 8. dQ_i -> smem staging -> TMA reduce-add into dQacc ----
-      ptx::wgmma_wait<0>();  // G5 retired
-      ptx::fence_regs(dq_acc);
-      store_dq(dq_acc, dq_stage, sDQ + g * kDqTile, &tmDQ, dq_row_bh + qt * (kDqTileFloats / 64),
-               t, kStageBar + g);
-    } else {
-      ptx::wgmma_wait<0>();  // d64: no G5 on this tile; G3, G4 retired
-      release_stage();
-    }
+    ptx::wgmma_wait<1>();  // G3, G4 retired (G5 may still run)
+    ptx::fence_regs(dv_acc);
+    ptx::fence_regs(dk_acc);
+    fence_frag(pf);  // keeps the fragments unclobbered until their GEMMs retired
+    fence_frag(df);
+    if (lane == 0) ptx::mbar_arrive(&q_empty[st]);
+    if (++st == kStages) { st = 0; ph ^= 1u; }
+
+    // ---- 8. dQ partial -> smem staging -> TMA reduce-add into dQacc ----
+    ptx::wgmma_wait<0>();  // G5 retired
+    ptx::fence_regs(dq_acc);
+    // (Deferring this store into the next iteration, under G1/G2, keeps dq_acc live across
+    // them: ptxas 13.0 then spills 128 B and serialises the wgmmas (C7512, C7517).)
+    store_dq(dq_acc, dq_stage, sDQ + g * kDqHalf, &tmDQ, dq_row_bh + qt * (kDqTileFloats / 64), t,
+             kStageBar + g);
     if (++qt == n_q) qt = 0;
   }
 
@@ -467,7 +470,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const size_t off0 = (static_cast<size_t>(b) * S + key0) * tok_stride + static_cast<size_t>(h) * kD;
   const size_t off1 = off0 + 8 * tok_stride;
 #pragma unroll
-  for (int j = 0; j < 8; ++j) {  // d64: 8 column groups of the m64n64 accumulator
+  for (int j = 0; j < 16; ++j) {
     const int col = 8 * j + 2 * static_cast<int>(q4);
     *reinterpret_cast<uint32_t*>(dK + off0 + col) =
         ptx::pack_bf16x2(dk_acc[4 * j + 0] * scale, dk_acc[4 * j + 1] * scale);
@@ -483,9 +486,9 @@ __global__ void __launch_bounds__(kThreads, 1)
 }
 
 // dQ[b, s, h, d] = bf16(scale * dQacc) from the fragment layout. Thread = one float4 of dQacc:
-// d64: index = (((b*H + h) * n_q + qt) * 8 + c) * 128 + t holds registers 4c..4c+3 of thread t
-// of the G5 warpgroup: (row r0, col 8c + 2q4 + e) for e = 0, 1, then (row r0 + 8, same cols),
-// r0 = 16 (t/32) + (t%32)/4, q4 = t%4, row offset 64 qt.
+// index = ((((b*H + h) * n_q + qt) * 2 + g) * 8 + c) * 128 + t holds registers 4c..4c+3 of
+// thread t of consumer g: (row r0, col 8c + 2q4 + e) for e = 0, 1, then (row r0 + 8, same cols),
+// r0 = 16 (t/32) + (t%32)/4, q4 = t%4, column offset 64g, row offset 64 qt.
 __global__ void __launch_bounds__(256) bwd_post_kernel(const float4* __restrict__ acc,
                                                        __nv_bfloat16* __restrict__ dQ, int S,
                                                        int H, float scale, long long n4) {
@@ -493,14 +496,15 @@ __global__ void __launch_bounds__(256) bwd_post_kernel(const float4* __restrict_
   if (idx >= n4) return;
   const int t = static_cast<int>(idx % 128);
   const int cc = static_cast<int>((idx / 128) % 8);
-  const long long tile = idx / 1024;  // d64: no warpgroup half
+  const int g = static_cast<int>((idx / 1024) % 2);
+  const long long tile = idx / 2048;
   const int n_q = S / kBM;
   const int qt = static_cast<int>(tile % n_q);
   const long long bh = tile / n_q;
   const int h = static_cast<int>(bh % H);
   const long long b = bh / H;
   const int r0 = 16 * (t / 32) + (t % 32) / 4;
-  const int col = 8 * cc + 2 * (t % 4);
+  const int col = 64 * g + 8 * cc + 2 * (t % 4);
   const int row = qt * kBM + r0;
   const float4 v = acc[idx];
   const size_t tok_stride = static_cast<size_t>(H) * kD;
@@ -510,8 +514,8 @@ __global__ void __launch_bounds__(256) bwd_post_kernel(const float4* __restrict_
   *reinterpret_cast<uint32_t*>(p0 + 8 * tok_stride) = ptx::pack_bf16x2(v.z * scale, v.w * scale);
 }
 
-// 3-D tensor map over a [B, S, H, 64] bf16 tensor: dims {64, H, B*S}, strides {128 B, H*128 B},
-// box {64, 1, rows} (d64: the whole row), 128B swizzle.
+// 3-D tensor map over a [B, S, H, 128] bf16 tensor: dims {128, H, B*S}, strides {256 B, H*256 B},
+// box {64, 1, rows}, 128B swizzle.
 CUresult make_qkv_map(CUtensorMap* map, const __nv_bfloat16* p, int B, int S, int H,
                       uint32_t rows) {
   return ptx::make_tmap_3d(map, p, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, kD,
@@ -540,8 +544,8 @@ extern "C" int mha_bwd(const __nv_bfloat16* Q, const __nv_bfloat16* K, const __n
                           reinterpret_cast<uintptr_t>(dV);
   if (align % 16 != 0) return static_cast<int>(cudaErrorInvalidValue);
   const long long rows = static_cast<long long>(B) * S * H;  // token rows = Dr entries
-  // dQacc rows of 64 floats (d64: one per token row) must fit the int32 coordinate.
-  if (rows > 0x7fffffffLL) return static_cast<int>(cudaErrorInvalidValue);
+  // dQacc rows of 64 floats (the reduce map's outer dimension) must fit the int32 coordinate.
+  if (rows * 2 > 0x7fffffffLL) return static_cast<int>(cudaErrorInvalidValue);
 
   // Host state kept across calls: the smem opt-in and the scratch (dQacc, then Dr).
   static bool smem_set = false;
@@ -549,7 +553,7 @@ extern "C" int mha_bwd(const __nv_bfloat16* Q, const __nv_bfloat16* K, const __n
   static size_t scratch_floats = 0;
   cudaError_t err;
   if (!smem_set) {
-    if ((err = ptx::set_max_dynamic_smem(mha_bwd_d64_kernel, static_cast<int>(kSmemBytes))) !=
+    if ((err = ptx::set_max_dynamic_smem(mha_bwd_d128_kernel, static_cast<int>(kSmemBytes))) !=
         cudaSuccess)
       return static_cast<int>(err);
     smem_set = true;
@@ -565,7 +569,7 @@ extern "C" int mha_bwd(const __nv_bfloat16* Q, const __nv_bfloat16* K, const __n
     scratch_floats = need;
   }
   float* dq_acc = scratch;
-  float* dr = scratch + acc_floats;  // acc_floats is a multiple of 64: 16-B aligned rows
+  float* dr = scratch + acc_floats;  // acc_floats is a multiple of 128: 16-B aligned rows
 
   CUtensorMap tmQ, tmK, tmV, tmdO, tmDQ;
   if (make_qkv_map(&tmQ, Q, B, S, H, kBM) != CUDA_SUCCESS ||
@@ -574,10 +578,10 @@ extern "C" int mha_bwd(const __nv_bfloat16* Q, const __nv_bfloat16* K, const __n
       make_qkv_map(&tmV, V, B, S, H, kBN) != CUDA_SUCCESS) {
     return static_cast<int>(cudaErrorInvalidValue);
   }
-  // dQacc as a 2-D fp32 [rows][64] tensor (d64), box {64, 64} = one query tile's 16 KB,
+  // dQacc as a 2-D fp32 [rows*2][64] tensor, box {64, 64} = one warpgroup's 16 KB half-tile,
   // no swizzle (the staging buffer is the same 16 KB, linear).
   if (ptx::make_tmap_2d(&tmDQ, dq_acc, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, 64,
-                        static_cast<uint64_t>(rows), 256, 64, 64,
+                        static_cast<uint64_t>(rows) * 2, 256, 64, 64,
                         CU_TENSOR_MAP_SWIZZLE_NONE) != CUDA_SUCCESS) {
     return static_cast<int>(cudaErrorInvalidValue);
   }
@@ -593,8 +597,8 @@ extern "C" int mha_bwd(const __nv_bfloat16* Q, const __nv_bfloat16* K, const __n
   if ((err = cudaGetLastError()) != cudaSuccess) return static_cast<int>(err);
 
   const dim3 grid(S / kBN, H, B);
-  mha_bwd_d64_kernel<<<grid, kThreads, kSmemBytes, stream>>>(tmQ, tmK, tmV, tmdO, tmDQ, LSE, dr,
-                                                            dK, dV, S, H, scale, scale_log2);
+  mha_bwd_d128_kernel<<<grid, kThreads, kSmemBytes, stream>>>(tmQ, tmK, tmV, tmdO, tmDQ, LSE, dr,
+                                                             dK, dV, S, H, scale, scale_log2);
   if ((err = cudaGetLastError()) != cudaSuccess) return static_cast<int>(err);
 
   const long long n4 = static_cast<long long>(acc_floats / 4);
