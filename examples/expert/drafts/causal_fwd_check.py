@@ -37,8 +37,8 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 KERNELS = {
-    "d64": HERE / "mha_fwd_causal_d64.cu",
-    "d96": HERE / "mha_fwd_causal_d96.cu",
+    "d64": HERE.parent / "mha_fwd_causal_d64.cu",
+    "d96": HERE.parent / "mha_fwd_causal_d96.cu",
     "d128": HERE.parent / "mha_fwd_causal_d128.cu",
 }
 S_TASK, B_TASK, H_TASK = 4096, 4, 16
