@@ -491,8 +491,14 @@ def serve(
     judge = factory(0, settings)
     # No authkey here: Listener.accept would run the key's challenge in the accepting thread,
     # where one client that stalls holds up every other. Each connection's thread runs it.
-    listener = Listener(str(socket), family="AF_UNIX")
-    os.chmod(socket, 0o600)
+    # The socket's file appears at bind, a moment before listen, when a connection is refused.
+    # Bound under another name and renamed once listening, it is at ``socket`` only when a client
+    # can connect; and closing the listener then unlinks only that other name, never a socket that
+    # a newer server has put at ``socket`` since this one left the file system.
+    binding = socket.with_name(f"{socket.name}.{os.getpid()}")
+    listener = Listener(str(binding), family="AF_UNIX")
+    os.chmod(binding, 0o600)
+    os.rename(binding, socket)
     active = 0
     last_left = time.monotonic()
     stopping = threading.Event()
@@ -540,7 +546,7 @@ def serve(
                     break
                 active += 1
             threading.Thread(target=handle, args=(conn,), daemon=True).start()
-    with contextlib.suppress(OSError):  # it unlinks the socket, which may be gone already
+    with contextlib.suppress(OSError):  # it unlinks the name it was bound to, gone since
         listener.close()
     judge.close()
 

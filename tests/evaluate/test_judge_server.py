@@ -97,6 +97,42 @@ def test_processes_share_one_judge(server: judge_server.ServerFiles, tmp_path: P
     second.close()
 
 
+def test_the_socket_is_published_only_once_it_listens(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A client that sees the socket's file can connect: the server binds under another name and
+    renames once listening (a socket bound at the published path refuses connections between bind
+    and listen, and a client that took that for a dead server would start a second one)."""
+    monkeypatch.setenv("PTXGYM_CACHE", str(tmp_path))
+    files = judge_server.server_files(0, SETTINGS)
+    files.socket.parent.mkdir(parents=True)
+    published_at_bind: list[bool] = []
+
+    class WatchedListener(judge_server.Listener):  # type: ignore[misc, name-defined]
+        def __init__(self, address: str, family: str) -> None:
+            super().__init__(address, family)
+            published_at_bind.append(files.socket.exists())
+
+    monkeypatch.setattr(judge_server, "Listener", WatchedListener)
+    key = judge_server._key(files.key)
+    thread = threading.Thread(
+        target=judge_server.serve,
+        args=(files.socket, key, SETTINGS, 1.0, CountingJudge),
+        daemon=True,
+    )
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not files.socket.exists() and time.monotonic() < deadline:
+        time.sleep(0.001)
+    conn = judge_server._try_connect(files.socket, key)  # at once: no retry, no refusal
+    assert conn is not None
+    conn.close()
+    assert published_at_bind == [False]
+    thread.join(timeout=15)
+    assert not thread.is_alive() and not files.socket.exists()
+    assert list(files.socket.parent.glob("*.sock*")) == []  # the bound name is gone too
+
+
 def test_a_wrong_key_is_refused(server: judge_server.ServerFiles) -> None:
     assert judge_server._try_connect(server.socket, b"not the key") is None
 

@@ -31,6 +31,8 @@ from ptxgym.outcome import Status
 from ptxgym.tasks import Task, get_task
 
 SETTINGS = JudgeSettings(concurrency=2, stage_timeout_s=13.0)
+# How long the test server waits without a connection before it stops (teardown waits for that).
+IDLE_S = 1.0
 GEMM = get_task("PTX-H100-GEMM")
 GEMM_JSON = GEMM.model_dump(mode="json")
 
@@ -98,14 +100,14 @@ def server(
     key = judge_server._key(files.key)
     thread = threading.Thread(
         target=judge_server.serve,
-        args=(files.socket, key, SETTINGS, 0.5, lambda device, settings: judge),
+        args=(files.socket, key, SETTINGS, IDLE_S, lambda device, settings: judge),
         daemon=True,
     )
     thread.start()
     deadline = time.monotonic() + 10
     while not files.socket.exists() and time.monotonic() < deadline:
         time.sleep(0.01)
-    # A connection held open for the whole test: the server stops after 0.5 s without one, which
+    # A connection held open for the whole test: the server stops after IDLE_S without one, which
     # a loaded machine can take between this fixture and the test's first connection.
     keeper = _key_holder((files, key))
     yield files, key
