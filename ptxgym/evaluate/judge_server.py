@@ -496,6 +496,7 @@ def serve(
     # can connect; and closing the listener then unlinks only that other name, never a socket that
     # a newer server has put at ``socket`` since this one left the file system.
     binding = socket.with_name(f"{socket.name}.{os.getpid()}")
+    binding.unlink(missing_ok=True)  # left by a server of an earlier process with this pid
     listener = Listener(str(binding), family="AF_UNIX")
     os.chmod(binding, 0o600)
     os.rename(binding, socket)
