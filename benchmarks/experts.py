@@ -11,8 +11,8 @@ tolerance the worst element is; writes every outcome to OUT/experts.json.
 
 ``--set NAME=VALUE`` (repeatable) evaluates a variant: each chosen kernel's
 ``constexpr <type> NAME = ...;`` gets VALUE (a kernel without that constant is an error), so
-that variants are timed on one host against the file as it is (e.g. ``--only gqa_prefill --set
-kHeadsPerCta=2``). The row names the settings.
+that variants are timed on one host against the file as it is (e.g. ``--only gemm_cluster --set
+kGroupM=16``). The row names the settings.
 """
 
 from __future__ import annotations

@@ -1,11 +1,12 @@
 """Desk check (CPU only) of the causal attention forward kernels' tiling and mask.
 
-Checks drafts/mha_fwd_causal_d64.cu (192-row query tiles, 128-key tiles, per-warpgroup diagonal),
-drafts/mha_fwd_causal_d96.cu and, as a sanity test of this checker, the GPU-verified
-../mha_fwd_causal_d128.cu (both 128 x 128 tiles). The tile constants are read from the
-`constexpr` definitions of each source; the kernels' index arithmetic is re-implemented below,
-one Python line per mirrored C++ line, and every mirrored C++ line is asserted to be present
-verbatim in its source (so an edit of the kernel that this model does not follow fails here).
+Checks ../mha_fwd_causal_d64.cu (192-row query tiles, 128-key tiles, per-warpgroup diagonal)
+and ../mha_fwd_causal_d96.cu (128 x 128 tiles). The causal d128 kernel is persistent since the
+twenty-second session; causal_persistent_check.py checks its work list and barriers. The tile
+constants are read from the `constexpr` definitions of each source; the kernels' index
+arithmetic is re-implemented below, one Python line per mirrored C++ line, and every mirrored
+C++ line is asserted to be present verbatim in its source (so an edit of the kernel that this
+model does not follow fails here).
 
 For every S checked (4096, the task's workload, and a sweep of small S that reaches the
 kernels' edge cases: 64-row tiles, the d64 half key tile), it asserts:
@@ -18,7 +19,7 @@ kernels' edge cases: 64-row tiles, the d64 half key tile), it asserts:
   * producer and consumers agree on the tile in each ring stage and phase, and every load gets
     one release from every active warpgroup (d64's skipped tiles included), one of them after a
     real wait on the load's full barrier;
-  * (d96, d128) the ping-pong named barriers stay balanced for every trip count;
+  * (d96) the ping-pong named barriers stay balanced for every trip count;
   * the query-tile hand-out order covers every (batch, head, query tile) once, heaviest first.
 Negative controls: the same check with the diagonal condition off by one either way, and with
 the trip count one short, must FAIL. The script exits non-zero if a real check fails or a
@@ -39,7 +40,6 @@ HERE = Path(__file__).resolve().parent
 KERNELS = {
     "d64": HERE.parent / "mha_fwd_causal_d64.cu",
     "d96": HERE.parent / "mha_fwd_causal_d96.cu",
-    "d128": HERE.parent / "mha_fwd_causal_d128.cu",
 }
 S_TASK, B_TASK, H_TASK = 4096, 4, 16
 
@@ -244,7 +244,6 @@ def square_cta(c: dict[str, int], S: int, bx: int, bug: str | None) -> dict:
 MODELS: dict[str, tuple[list[str], Callable, Callable]] = {
     "d64": (D64_LINES, d64_grid, d64_cta),
     "d96": (SQUARE_LINES, square_grid, square_cta),
-    "d128": (SQUARE_LINES, square_grid, square_cta),
 }
 
 
@@ -367,7 +366,6 @@ def main() -> int:
     sweep = {
         "d64": [*range(64, 1025, 64), S_TASK],
         "d96": [*range(128, 1025, 128), S_TASK],
-        "d128": [*range(128, 1025, 128), S_TASK],
     }
     for name, path in KERNELS.items():
         c = constexprs(path.read_text())

@@ -1,4 +1,4 @@
-"""Desk check (CPU only) of drafts/mha_fwd_causal_d128_persistent.cu, the persistent causal
+"""Desk check (CPU only) of ../mha_fwd_causal_d128.cu, the persistent causal
 attention forward kernel (task PTX-H100-MHAFwdCausal-d128).
 
 The kernel's work-list arithmetic, ticket protocol and synchronisation are re-implemented below,
@@ -43,7 +43,7 @@ from pathlib import Path
 from deskcheck import CheckError, MBar, NamedBarriers, interleave, negative_controls, require
 
 HERE = Path(__file__).resolve().parent
-KERNEL = HERE / "mha_fwd_causal_d128_persistent.cu"
+KERNEL = HERE.parent / "mha_fwd_causal_d128.cu"
 SRC = KERNEL.read_text()
 B_TASK, H_TASK, S_TASK, NSM = 4, 16, 4096, 132
 BM = 128

@@ -2,8 +2,16 @@
 // FlashAttention-3 style, for Hopper (sm_90a): GQA heads PACKED into the M dimension, PERSISTENT
 // CTAs with a dynamic (atomic counter) unit scheduler.
 //
-// DRAFT (examples/expert/drafts/gqa_prefill_packed.cu): it has NOT run on a GPU yet. It builds
-// for sm_90a with no spills, and its desk check examples/expert/drafts/gqa_prefill_packed_check.py
+// DRAFT (examples/expert/drafts/gqa_prefill_packed.cu), not shipped. H200, 2026-12-03, first GPU
+// run (benchmarks/experts.py, `ptxgym eval`'s default settings, docs/benchmarks.md twenty-second
+// session): PASSED on all 5 workloads, qualified, memcheck clean; against FlashInfer per workload
+// (b4-s4096, b16-mixed, b2-s8192, b8-chunked, b128-short) 0.888 0.926 0.947 0.907 1.075 (0.949x
+// in all), where the shipped kernel (heads per CTA 4 or 2 per call) ran 0.904 0.916 0.973 0.934
+// 0.924 on the same host. Packing wins where tails are ragged (b128-short, +16 %) and loses on
+// the long sequences (b4-s4096 under 0.9x), so the shipped kernel stays the expert; a kernel
+// that picked this one for many short sequences would take the better of both.
+//
+// It builds for sm_90a with no spills, and its desk check examples/expert/drafts/gqa_prefill_packed_check.py
 // (CPU, numpy) models its work decomposition, mask, numerics, barriers and schedule. It is a copy
 // of the GPU-verified examples/expert/gqa_prefill.cu (H200: 0.906x FlashInfer over the 5
 // workloads; per workload with kHeadsPerCta 4 / 2: b4-s4096 0.903/0.897, b16-mixed 0.864/0.910,
