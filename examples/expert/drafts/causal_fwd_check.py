@@ -29,12 +29,12 @@ negative control passes.
 from __future__ import annotations
 
 import itertools
-import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+from deskcheck import constexprs
 
 HERE = Path(__file__).resolve().parent
 KERNELS = {
@@ -54,17 +54,6 @@ def require(cond: bool, msg: str) -> None:
 
 
 # ------------------------------------------------------------------------------------ sources
-def constexprs(src: str) -> dict[str, int]:
-    """Integer `constexpr int|uint32_t kName = expr;` definitions, evaluated in source order."""
-    values: dict[str, int] = {}
-    for name, expr in re.findall(r"constexpr\s+(?:int|uint32_t)\s+(\w+)\s*=\s*([^;]+);", src):
-        expr = re.sub(r"//.*", "", expr)
-        expr = re.sub(r"(\d+)u\b", r"\1", expr)  # 1024u -> 1024
-        try:
-            values[name] = int(eval(expr, {"__builtins__": {}}, dict(values)))
-        except (NameError, SyntaxError, TypeError):
-            continue  # not needed here (float, casts)
-    return values
 
 
 def assert_mirrored(src: str, lines: list[str], name: str) -> None:

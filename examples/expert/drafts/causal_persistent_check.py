@@ -36,30 +36,24 @@ from __future__ import annotations
 import heapq
 import itertools
 import random
-import re
 import sys
 from pathlib import Path
 
-from deskcheck import CheckError, MBar, NamedBarriers, interleave, negative_controls, require
+from deskcheck import (
+    CheckError,
+    MBar,
+    NamedBarriers,
+    constexprs,
+    interleave,
+    negative_controls,
+    require,
+)
 
 HERE = Path(__file__).resolve().parent
 KERNEL = HERE.parent / "mha_fwd_causal_d128.cu"
 SRC = KERNEL.read_text()
 B_TASK, H_TASK, S_TASK, NSM = 4, 16, 4096, 132
 BM = 128
-
-
-def constexprs(src: str) -> dict[str, int]:
-    """Integer `constexpr int|uint32_t kName = expr;` definitions, evaluated in source order."""
-    values: dict[str, int] = {}
-    for name, expr in re.findall(r"constexpr\s+(?:int|uint32_t)\s+(\w+)\s*=\s*([^;]+);", src):
-        expr = re.sub(r"//.*", "", expr)
-        expr = re.sub(r"(\d+)u\b", r"\1", expr)
-        try:
-            values[name] = int(eval(expr, {"__builtins__": {}}, dict(values)))
-        except (NameError, SyntaxError, TypeError):
-            continue
-    return values
 
 
 C = constexprs(SRC)

@@ -1,6 +1,7 @@
 """What the drafts' desk checks share (a library, not a check: manifest.yaml lists it as a helper).
 
 * ``CheckError`` / ``require``: a failed check;
+* ``constexprs``: a kernel source's integer ``constexpr`` constants, evaluated in source order;
 * ``bf16``: float32 -> bf16 (round to nearest even), returned as float32;
 * ``acc_coord`` / ``afrag_coord``: the wgmma accumulator and register-A fragment maps
   (contracts §2);
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import importlib.util
 import random
+import re
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
@@ -32,6 +34,20 @@ class CheckError(Exception):
 def require(cond: bool, what: str) -> None:
     if not cond:
         raise CheckError(what)
+
+
+def constexprs(src: str) -> dict[str, int]:
+    """Integer `constexpr int|uint32_t|uint16_t kName = expr;` definitions, in source order."""
+    values: dict[str, int] = {}
+    pattern = r"constexpr\s+(?:int|uint32_t|uint16_t)\s+(\w+)\s*=\s*([^;]+);"
+    for name, expr in re.findall(pattern, src):
+        expr = re.sub(r"//.*", "", expr)
+        expr = re.sub(r"(\d+)u\b", r"\1", expr)  # 1024u -> 1024
+        try:
+            values[name] = int(eval(expr, {"__builtins__": {}}, dict(values)))
+        except (NameError, SyntaxError, TypeError):
+            continue  # not an integer the checks need (float, casts)
+    return values
 
 
 def bf16(x: np.ndarray) -> np.ndarray:

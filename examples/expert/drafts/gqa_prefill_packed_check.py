@@ -39,7 +39,6 @@ from __future__ import annotations
 import heapq
 import math
 import random
-import re
 import sys
 from pathlib import Path
 
@@ -50,6 +49,7 @@ from deskcheck import (
     NamedBarriers,
     acc_coord,
     bf16,
+    constexprs,
     dc,
     interleave,
     make_desc128,
@@ -77,17 +77,6 @@ WORKLOADS = {
 
 
 # ------------------------------------------------------------------------ 0. source constants
-def constexprs(src: str) -> dict[str, int]:
-    """Integer `constexpr int|uint32_t kName = expr;` definitions, evaluated in source order."""
-    values: dict[str, int] = {}
-    for name, expr in re.findall(r"constexpr\s+(?:int|uint32_t)\s+(\w+)\s*=\s*([^;]+);", src):
-        expr = re.sub(r"//.*", "", expr)
-        expr = re.sub(r"(\d+)u\b", r"\1", expr)
-        try:
-            values[name] = int(eval(expr, {"__builtins__": {}}, dict(values)))
-        except (NameError, SyntaxError, TypeError):
-            continue
-    return values
 
 
 def assert_mirrored(lines: list[str], what: str) -> None:
