@@ -35,6 +35,7 @@ import sys
 import time
 
 import bwd_d64_desc_check
+from deskcheck import flat
 
 HERE = pathlib.Path(__file__).parent.parent  # the shipped kernels, in ../
 SRC = (HERE / "mha_bwd_causal_d64.cu").read_text()
@@ -87,13 +88,9 @@ KERNEL_TOKENS = (
 )
 
 
-def norm(text: str) -> str:
-    return " ".join(text.split())
-
-
 def constants(src: str) -> dict[str, str]:
     found = re.findall(r"constexpr (?:int|uint32_t|bool|float) (k\w+) = ([^;]+);", src)
-    return {name: norm(value) for name, value in found}
+    return {name: flat(value) for name, value in found}
 
 
 def function_body(src: str, name: str) -> str:
@@ -106,7 +103,7 @@ def function_body(src: str, name: str) -> str:
     for j in range(i, len(src)):
         depth += {"{": 1, "}": -1}.get(src[j], 0)
         if depth == 0:
-            return norm(src[start.start() : j + 1])
+            return flat(src[start.start() : j + 1])
     raise AssertionError(f"{name}: unbalanced braces")
 
 
@@ -119,13 +116,13 @@ def kernel_lines(src: str) -> list[str]:
     for line in body.splitlines():
         code = line.split("//")[0].strip()
         if code and any(tok in code for tok in KERNEL_TOKENS):
-            out.append(norm(code))
+            out.append(flat(code))
     return out
 
 
 def host_maps(src: str) -> str:
     i = src.index("CUtensorMap tmQ, tmK, tmV, tmdO, tmDQ;")
-    return norm(src[i : src.index("const float scale =", i)])
+    return flat(src[i : src.index("const float scale =", i)])
 
 
 def differences(src: str, base: str) -> list[str]:

@@ -34,7 +34,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
-from deskcheck import constexprs
+from deskcheck import CheckError, assert_mirrored, constexprs, require
 
 HERE = Path(__file__).resolve().parent
 KERNELS = {
@@ -44,23 +44,7 @@ KERNELS = {
 S_TASK, B_TASK, H_TASK = 4096, 4, 16
 
 
-class CheckFailed(Exception):
-    pass
-
-
-def require(cond: bool, msg: str) -> None:
-    if not cond:
-        raise CheckFailed(msg)
-
-
 # ------------------------------------------------------------------------------------ sources
-
-
-def assert_mirrored(src: str, lines: list[str], name: str) -> None:
-    """Every C++ line the model mirrors must occur verbatim (up to spacing) in the source."""
-    flat = " ".join(src.split())
-    for line in lines:
-        require(" ".join(line.split()) in flat, f"{name}: mirrored line not in source: {line}")
 
 
 # ------------------------------------------------------------------ accumulator layout, mask
@@ -371,7 +355,7 @@ def main() -> int:
                 f"{r['blocks']} 64x{c['kBN']} blocks/head, FLOP coverage {r['coverage']:.4f}"
             )
             print(f"  cost per CTA in hand-out order (64x{c['kBN']} blocks): {r['costs']}")
-        except CheckFailed as e:
+        except CheckError as e:
             ok = False
             print(f"  real check FAILED: {e}")
         for label, slack, bug in [
@@ -383,7 +367,7 @@ def main() -> int:
                 check_kernel(name, S_TASK, slack, bug)
                 ok = False
                 print(f"  negative control '{label}': PASSED (wrong: the check cannot see it)")
-            except CheckFailed as e:
+            except CheckError as e:
                 print(f"  negative control '{label}': FAILED as it must ({e})")
     print("ALL CHECKS OK" if ok else "CHECKS FAILED")
     return 0 if ok else 1

@@ -43,7 +43,9 @@ from deskcheck import (
     CheckError,
     MBar,
     NamedBarriers,
+    assert_mirrored,
     constexprs,
+    flat,
     interleave,
     negative_controls,
     require,
@@ -114,16 +116,15 @@ MIRRORED = [
 ]
 
 
-def assert_mirrored() -> None:
-    flat = " ".join(SRC.split())
-    for line in MIRRORED:
-        require(" ".join(line.split()) in flat, f"mirrored line not in the source: {line}")
+def check_source() -> None:
+    assert_mirrored(SRC, MIRRORED, "persistent kernel")
+    source = flat(SRC)
     # the hand-over arrive: exactly the two unconditional ones (prologue, loop), none skipped
-    arrives = flat.count("ptx::named_bar_arrive(kTurnBar + (1 - g), 256);")
+    arrives = source.count("ptx::named_bar_arrive(kTurnBar + (1 - g), 256);")
     require(arrives == 2, f"{arrives} hand-over arrives, want 2 (prologue and loop)")
-    require("if (!(g == 1" not in flat, "a skipped hand-over is back in the source")
-    require(flat.count("if (++kst == kStages) { kst = 0; kph ^= 1u; }") == 3, "kst advances")
-    require(flat.count("if (++vst == kStages) { vst = 0; vph ^= 1u; }") == 3, "vst advances")
+    require("if (!(g == 1" not in source, "a skipped hand-over is back in the source")
+    require(source.count("if (++kst == kStages) { kst = 0; kph ^= 1u; }") == 3, "kst advances")
+    require(source.count("if (++vst == kStages) { vst = 0; vph ^= 1u; }") == 3, "vst advances")
 
 
 # ------------------------------------------------------------------------- kernel arithmetic
@@ -652,7 +653,7 @@ def check_schedule() -> None:
 
 def main() -> int:
     try:
-        assert_mirrored()
+        check_source()
         print(
             f"0. source: {KERNEL.name}: kStages={STAGES} kEmptyArrivals={EMPTY_ARRIVALS} "
             f"kSectionWaves={SECTION_WAVES}; {len(MIRRORED)} mirrored lines present"

@@ -2,6 +2,9 @@
 
 * ``CheckError`` / ``require``: a failed check;
 * ``constexprs``: a kernel source's integer ``constexpr`` constants, evaluated in source order;
+  ``flat`` / ``assert_mirrored``: C++ compared up to spacing, and the check that every line a
+  model mirrors still stands in the kernel's source;
+* ``online_softmax_block``: one K/V block of the kernels' online softmax (numpy);
 * ``bf16``: float32 -> bf16 (round to nearest even), returned as float32;
 * ``acc_coord`` / ``afrag_coord``: the wgmma accumulator and register-A fragment maps
   (contracts §2);
@@ -50,11 +53,43 @@ def constexprs(src: str) -> dict[str, int]:
     return values
 
 
+def flat(text: str) -> str:
+    """``text`` with every run of white space made one space: C++ compared up to spacing."""
+    return " ".join(text.split())
+
+
+def assert_mirrored(src: str, lines: Iterable[str], what: str) -> None:
+    """Every C++ line a model mirrors must occur verbatim (up to spacing) in the source ``src``,
+    so that an edit of the kernel that the model does not follow fails the check."""
+    source = flat(src)
+    for line in lines:
+        require(flat(line) in source, f"{what}: mirrored line not in the source: {line}")
+
+
 def bf16(x: np.ndarray) -> np.ndarray:
     """Round float32 to bf16 (nearest even), returned as float32."""
     u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32).astype(np.uint64)
     u = (u + 0x7FFF + ((u >> 16) & 1)) & 0xFFFF0000
     return u.astype(np.uint32).view(np.float32)
+
+
+def online_softmax_block(
+    s: np.ndarray, c: float, m: np.ndarray, row_sum: np.ndarray, sc: np.ndarray, first: bool
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """One K/V block of the kernels' online softmax in the log2 domain (scores ``s`` times ``c``),
+    with FA2's Check_inf: a row whose scores are all masked so far exponentiates against 0, so it
+    gets P = 0 and no NaN. Returns the block's P, the factor that rescales the rows' sums and O
+    of the blocks before (``sc`` unchanged for the first block), and the running max and row sum
+    after the block."""
+    mx = s.max(axis=1) * c
+    mn = mx if first else np.maximum(m, mx)
+    mu = np.where(mn == -np.inf, 0.0, mn)
+    with np.errstate(invalid="raise"):
+        if not first:
+            sc = np.exp2(m - mu)
+        p = np.exp2(s * c - mu[:, None])
+    row_sum = p.sum(axis=1) if first else row_sum * sc + p.sum(axis=1)
+    return p, sc, mn, row_sum
 
 
 # ---------------------------------------------------------------------------------------------

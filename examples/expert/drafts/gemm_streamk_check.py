@@ -48,8 +48,10 @@ from deskcheck import (
     CheckError,
     MBar,
     acc_coord,
+    assert_mirrored,
     bf16,
     constexprs,
+    flat,
     interleave,
     negative_controls,
     require,
@@ -158,14 +160,9 @@ MIRRORED = [
 ]
 
 
-def flat(text: str) -> str:
-    return " ".join(text.split())
-
-
 def check_source() -> None:
+    assert_mirrored(SRC, MIRRORED, "stream-K kernel")
     src = flat(SRC)
-    for line in MIRRORED:
-        require(flat(line) in src, f"mirrored line not in the source: {line}")
     # the work list is a function of cluster-wide values only: both CTAs walk the same units
     body = SRC[SRC.index("struct WorkList {") : SRC.index("__global__ void")]
     for word in ("rank", "threadIdx", "blockIdx", "cluster_ctarank", "warpgroup"):

@@ -25,7 +25,7 @@ import math
 import random
 
 import numpy as np
-from deskcheck import MBar, NamedBarriers, bf16, interleave
+from deskcheck import MBar, NamedBarriers, bf16, interleave, online_softmax_block
 
 BM = BN = 128
 NQH, NKVH, GROUP = 32, 8, 4
@@ -154,15 +154,7 @@ def model_tile(Qall, Kall, Vall, q_start, ql, k_start, kl, t, c):
         else:  # claim: no valid row would be masked here
             valid = rows < ql
             assert not np.any((cols - rows > off) & valid)
-        mx = s.max(axis=1) * c
-        mn = mx if jb == 0 else np.maximum(m, mx)
-        mu = np.where(mn == -np.inf, 0.0, mn)
-        with np.errstate(invalid="raise"):
-            if jb > 0:
-                sc = np.exp2(m - mu)
-            p = np.exp2(s * c - mu[:, None])
-        row_sum = p.sum(axis=1) if jb == 0 else row_sum * sc + p.sum(axis=1)
-        m = mn
+        p, sc, m, row_sum = online_softmax_block(s, c, m, row_sum, sc, first=jb == 0)
         pending = (p, V)
     # tail: O *= sc (last block's factor; 1 if n_kv == 1), O += P_last V_last
     o = o * sc[:, None] + bf16(pending[0]) @ pending[1]

@@ -48,12 +48,14 @@ from deskcheck import (
     MBar,
     NamedBarriers,
     acc_coord,
+    assert_mirrored,
     bf16,
     constexprs,
     dc,
     interleave,
     make_desc128,
     negative_controls,
+    online_softmax_block,
     require,
 )
 
@@ -79,13 +81,6 @@ WORKLOADS = {
 # ------------------------------------------------------------------------ 0. source constants
 
 
-def assert_mirrored(lines: list[str], what: str) -> None:
-    """Every C++ line a model mirrors must occur verbatim (up to spacing) in the source."""
-    flat = " ".join(SRC.split())
-    for line in lines:
-        require(" ".join(line.split()) in flat, f"{what}: mirrored line not in the source: {line}")
-
-
 C = constexprs(SRC)
 BM, BN, TOK = C["kBM"], C["kBN"], C["kTokPerTile"]
 STAGES = C["kStages"]
@@ -98,6 +93,7 @@ def check_source() -> None:
     require(C["kSmemBytes"] <= 232448, "shared memory budget")
     require(C["kSmemBytes"] == 7 * 32768 + 8 * (2 + 4 * STAGES) + 4 * 8 + 1024, "smem layout")
     assert_mirrored(
+        SRC,
         [
             "const int i_max = min(kTokPerTile * t + kTokPerTile - 1, q_len - 1);",
             "return (i_max + (kv_len - q_len)) / kBN + 1;",
@@ -263,7 +259,7 @@ def mask_mismatches(row8_step: int) -> int:
 
 
 def check_mask_mapping() -> None:
-    assert_mirrored(MASK_LINES, "mask")
+    assert_mirrored(SRC, MASK_LINES, "mask")
     require(mask_mismatches(2) == 0, "mask register mapping differs from the per-row rule")
     wrong = mask_mismatches(8)  # negative control: the shipped kernel's 128-token-row step
     require(wrong > 0, "negative control lim1 = lim0 + 8 not caught")
@@ -315,15 +311,7 @@ def model_unit(Q, K, V, q_start, ql, k_start, kl, t, kvh, c, d_head):
             STATS["valid rows fully masked in a tile"] += int(np.sum(dead))
         else:
             require(not np.any(masked & valid), "a tile after the first n_mask needs the mask")
-        mx = s.max(axis=1) * c
-        mn = mx if jb == 0 else np.maximum(m, mx)
-        mu = np.where(mn == -np.inf, 0.0, mn)
-        with np.errstate(invalid="raise"):
-            if jb > 0:
-                sc = np.exp2(m - mu)
-            p = np.exp2(s * c - mu[:, None])
-        row_sum = p.sum(axis=1) if jb == 0 else row_sum * sc + p.sum(axis=1)
-        m = mn
+        p, sc, m, row_sum = online_softmax_block(s, c, m, row_sum, sc, first=jb == 0)
         pending = (p, Vt)
     o = o * sc[:, None] + bf16(pending[0]) @ pending[1]
     out = {}
@@ -611,6 +599,7 @@ def check_q_box() -> None:
     (kk%4) * 32 B per k-step) must read row m of consumer g as (token (64g+m)/4, head
     (64g+m)%4)."""
     assert_mirrored(
+        SRC,
         [
             "const uint64_t dq = ptx::make_desc_kmajor_sw128(sQ + g * 8192u);",
             "const uint32_t off = static_cast<uint32_t>(kk / 4) * kBoxBytes + "
