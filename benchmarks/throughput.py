@@ -8,7 +8,9 @@ trajectory and step), so every step really compiles, as in RL training. Measured
   sharing one GPU evaluator; ``--level-evaluations`` evaluations per level), with p50 step
   latency, the p50 of each stage, the GPU held alone (per evaluation: its median, and the mean
   of each stage that holds it; and as a share of the level's wall time: the bound concurrency
-  cannot raise), and the machine's busy CPU cores;
+  cannot raise), and the machine's busy CPU cores; beside the level's whole wall, the steady
+  rate while every trajectory is under way (the start's compile burst and the end's stragglers
+  left out, as over a training run of hours);
 - whether the measured speedups move with concurrency (they must not: timings take turns);
 - workload reuse, for each task of ``--reuse`` with a kernel that solves it: the same sequential
   steps with the judge rebuilding each workload's inputs, references and baseline for every
@@ -103,6 +105,7 @@ def trajectory(
                 - started
                 - sum(outcome["stage_seconds"].get(s, 0.0) for s in OUTSIDE_THE_ENV),
                 "in_judge_s": outcome["stage_seconds"].get("judged", 0.0),
+                "ended_at": time.perf_counter(),
             }
         )
         # As each step ends, so that a run cut short still shows how far it got and how.
@@ -259,6 +262,26 @@ class CpuByProcessKind:
         return {**kinds, "unsampled": busy_s - sum(by_kind.values())}
 
 
+def steady_rate(runs: list[list[dict[str, Any]]]) -> dict[str, float] | None:
+    """Evaluations per hour while every trajectory was under way past its first step: from
+    the last first step's end to the first last step's end. The level's whole wall also holds
+    the start, when every trajectory compiles at once with the GPU idle, and the end, when
+    fewer are left; a training run of hours is this window. None when it is empty (fewer than
+    three steps per trajectory, or a trajectory that ended before another's first step)."""
+    if not runs or any(len(run) < 3 for run in runs):
+        return None
+    opens = max(run[0]["ended_at"] for run in runs)
+    closes = min(run[-1]["ended_at"] for run in runs)
+    if closes <= opens:
+        return None
+    ended = sum(opens < record["ended_at"] <= closes for run in runs for record in run)
+    return {
+        "per_hour": ended / (closes - opens) * 3600,
+        "evaluations": ended,
+        "window_s": closes - opens,
+    }
+
+
 def run_level(
     evaluator: LocalGPUEvaluator, task_id: str, source: str, trajectories: int, steps: int
 ) -> dict[str, Any]:
@@ -271,7 +294,8 @@ def run_level(
                 pool.submit(trajectory, evaluator, task_id, source, f"t{index}", steps)
                 for index in range(trajectories)
             ]
-            records = [record for future in futures for record in future.result()]
+            runs = [future.result() for future in futures]
+            records = [record for run in runs for record in run]
     finally:
         wall = time.perf_counter() - started
         busy = busy_cpu_seconds() - busy_before
@@ -295,6 +319,7 @@ def run_level(
             for stage in EXCLUSIVE_STAGES
         },
         "exclusive_share": sum(exclusive) / wall,
+        "steady": steady_rate(runs),
         # What the level could do at most, the GPU held alone all the time at its mean hold
         # per evaluation: concurrency cannot go past it, only the hold's length can.
         # None when no evaluation held it (every step failed before the GPU).
@@ -485,7 +510,7 @@ def main() -> None:
     for trajectories in args.concurrency:
         # One trajectory is steady from its first step; several all compile at once at first,
         # with the GPU idle, so they step long enough for that to be a small part.
-        steps = 3 if trajectories == 1 else math.ceil(args.level_evaluations / trajectories)
+        steps = 4 if trajectories == 1 else math.ceil(args.level_evaluations / trajectories)
         levels.append(run_level(evaluator, args.task, source, trajectories, steps))
         results["levels"] = levels
         out.write_text(json.dumps(results, indent=1))
@@ -578,18 +603,29 @@ def report_reuse(reuse: dict[str, Any]) -> None:
         )
 
 
+def steady_cell(steady: dict[str, float] | None, base: dict[str, float] | None) -> str:
+    """The steady rate, its ratio to the first level's and the evaluations it counts."""
+    if steady is None:
+        return "–"
+    ratio = f"{steady['per_hour'] / base['per_hour']:.2f}x, " if base is not None else ""
+    counted = f"{steady['evaluations']} in {steady['window_s']:.0f} s"
+    return f"{steady['per_hour']:.0f} ({ratio}{counted})"
+
+
 def report_levels(levels: list[dict[str, Any]]) -> None:
     print(
         "| trajectories | evaluations | wall s | evaluations/hour | p50 step s | median speedup "
-        "| speedup spread | p50 GPU alone s | GPU alone share | busy cores |"
+        "| steady evaluations/hour | speedup spread | p50 GPU alone s | GPU alone share "
+        "| busy cores |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     base = levels[0]
     for level in levels:
         print(
             f"| {level['trajectories']} | {level['evaluations']} | {level['wall_s']:.1f} "
             f"| {level['per_hour']:.0f} ({level['per_hour'] / base['per_hour']:.2f}x) "
             f"| {level['p50_step_s']:.2f} | {level['median_speedup']:.4f} "
+            f"| {steady_cell(level['steady'], base['steady'])} "
             f"| {level['speedup_spread']:.2%} | {level['p50_exclusive_s']:.2f} "
             f"| {level['exclusive_share']:.0%} "
             f"| {level['busy_cores']:.1f} of {level['cores']} |"

@@ -34,6 +34,9 @@ if TYPE_CHECKING:
     from ptxgym.evaluate.judge import JudgeSettings
 
 
+DEMO_CONCURRENCY = 4
+"""Examples the demo has under way at once: enough to overlap builds and checks with timings."""
+
 _EVALUATOR_HELP = (
     "auto (the local GPU when it matches the task, else compile-only), gpu, compile-only, or a "
     "pool served on a Ray cluster (ptxgym serve): ray://HOST:PORT[/POOL] through Ray Client, "
@@ -335,6 +338,14 @@ def _parser() -> argparse.ArgumentParser:
         default=Path("ptxgym-demo"),
         metavar="DIR",
         help="where the records, report and plot go (default: ptxgym-demo/)",
+    )
+    demo.add_argument(
+        "--concurrency",
+        type=int,
+        default=DEMO_CONCURRENCY,
+        metavar="N",
+        help=f"examples under way at once (default: {DEMO_CONCURRENCY}); timings still take "
+        "turns on the GPU, so the speedups do not depend on it",
     )
     demo.set_defaults(handler=_demo)
     return parser
@@ -822,11 +833,14 @@ def _report(args: argparse.Namespace) -> int:
 
 def _demo(args: argparse.Namespace) -> int:
     import warnings
+    from concurrent.futures import ThreadPoolExecutor
 
     from ptxgym.agents.scripted import ScriptedAgent
     from ptxgym.bench.runner import RunPlan, run
     from ptxgym.device.gpus import visible_gpus
 
+    if args.concurrency < 1:
+        raise ValueError(f"--concurrency must be at least 1, not {args.concurrency}")
     manifest = paths.examples_dir() / "manifest.yaml"
     entries = yaml.safe_load(manifest.read_text(encoding="utf-8"))["examples"]
     print("ptxgym demo: the example kernels through the real pipeline (ptxgym run)")
@@ -846,12 +860,10 @@ def _demo(args: argparse.Namespace) -> int:
     records = out / "demo.jsonl"
     # The demo evaluates afresh each time (builds are cached): a resumed demo would show nothing.
     records.unlink(missing_ok=True)
-    rows: list[TurnRecord] = []
-    # Columns as wide as the longest example file and task id, so the status lines align.
-    file_width = max(len(entry["file"]) for entry in entries)
-    task_width = max(len(task_id) for entry in entries for task_id in entry["tasks"])
-    for entry in entries:
-        # One run per example: two examples for the same task must not resume each other.
+
+    def play(entry: dict[str, Any]) -> list[TurnRecord]:
+        """One run per example, named by its file (two examples for the same task must not
+        resume each other); its records, in its tasks' order."""
         plan = RunPlan(
             name=entry["file"],
             tasks=tuple(entry["tasks"]),
@@ -860,22 +872,35 @@ def _demo(args: argparse.Namespace) -> int:
             turns=1,
             language=entry.get("language", DEFAULT_LANGUAGE),  # examples/manifest.yaml
         )
-        with warnings.catch_warnings():
-            # "auto" warns for each task it cannot run on this GPU; the header already said so.
-            warnings.simplefilter("ignore")
-            run(
-                plan, ScriptedAgent([paths.examples_dir() / entry["file"]]), records, progress=False
-            )
-        new = list(read_records(records))[len(rows) :]
-        for record in new:
-            build = record.outcome.get("compile") or {}
-            speed = f", {record.speedup:.3f}x the baseline" if record.speedup is not None else ""
-            print(
-                f"{record.run:<{file_width}} {record.task_id:<{task_width}} {record.evaluator:<13} "
-                f"{record.status:<20} build {build.get('seconds', 0):.1f} s{speed}",
-                flush=True,
-            )
-        rows += new
+        run(plan, ScriptedAgent([paths.examples_dir() / entry["file"]]), records, progress=False)
+        mine = {r.task_id: r for r in read_records(records) if r.run == entry["file"]}
+        return [mine[task_id] for task_id in entry["tasks"]]
+
+    rows: list[TurnRecord] = []
+    # Columns as wide as the longest example file and task id, so the status lines align.
+    file_width = max(len(entry["file"]) for entry in entries)
+    task_width = max(len(task_id) for entry in entries for task_id in entry["tasks"])
+    # The examples run at once (every run's evaluator is the process's one judge of the GPU,
+    # which gives each timing the GPU alone); their lines print in the manifest's order.
+    with (
+        warnings.catch_warnings(),
+        ThreadPoolExecutor(max_workers=args.concurrency, thread_name_prefix="demo") as pool,
+    ):
+        # "auto" warns for each task it cannot run on this GPU; the header already said so.
+        warnings.simplefilter("ignore")
+        for new in pool.map(play, entries):
+            for record in new:
+                build = record.outcome.get("compile") or {}
+                speed = (
+                    f", {record.speedup:.3f}x the baseline" if record.speedup is not None else ""
+                )
+                print(
+                    f"{record.run:<{file_width}} {record.task_id:<{task_width}} "
+                    f"{record.evaluator:<13} {record.status:<20} "
+                    f"build {build.get('seconds', 0):.1f} s{speed}",
+                    flush=True,
+                )
+            rows += new
     table = report.report([records], plot=out / "fastp.png")
     (out / "report.md").write_text(table, encoding="utf-8")
     print()

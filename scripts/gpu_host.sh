@@ -54,7 +54,7 @@ if [[ $what == tests || $what == judge-tests || $what == all ]]; then
   fi
   pytest_args=("$@")
   gpu_tests evaluation tests/gpu/test_gpu_evaluation.py tests/gpu/test_gpu_profile.py tests/gpu/test_gpu_count.py \
-    tests/gpu/test_gpu_sanitizer.py tests/gpu/test_expert_examples.py &
+    tests/gpu/test_gpu_sanitizer.py tests/gpu/test_expert_examples.py tests/gpu/test_timing_method.py &
   evaluation=$!
   gpu_tests hostile tests/hostile &
   hostile=$!

@@ -259,6 +259,14 @@ def test_demo_writes_records_report_and_plot(
     assert (tmp_path / "fastp.png").read_bytes().startswith(PNG_MAGIC)
 
 
+def test_demo_refuses_a_concurrency_below_one(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["demo", "--out", str(tmp_path), "--concurrency", "0"]) == 2
+    assert "--concurrency must be at least 1, not 0" in capsys.readouterr().err
+    assert not (tmp_path / "demo.jsonl").exists()
+
+
 def test_a_run_in_another_language_does_not_resume_from_this_ones_turns(
     tmp_path: Path, no_code: Path
 ) -> None:
