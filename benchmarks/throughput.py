@@ -9,8 +9,8 @@ trajectory and step), so every step really compiles, as in RL training. Measured
   latency, the p50 of each stage, the GPU held alone (per evaluation: its median, and the mean
   of each stage that holds it; and as a share of the level's wall time: the bound concurrency
   cannot raise), and the machine's busy CPU cores; beside the level's whole wall, the steady
-  rate while every trajectory is under way (the start's compile burst and the end's stragglers
-  left out, as over a training run of hours);
+  rate (the first and last round of steps left out: the start's compile burst and the end's
+  stragglers, as over a training run of hours);
 - whether the measured speedups move with concurrency (they must not: timings take turns);
 - workload reuse, for each task of ``--reuse`` with a kernel that solves it: the same sequential
   steps with the judge rebuilding each workload's inputs, references and baseline for every
@@ -262,23 +262,23 @@ class CpuByProcessKind:
         return {**kinds, "unsampled": busy_s - sum(by_kind.values())}
 
 
-def steady_rate(runs: list[list[dict[str, Any]]]) -> dict[str, float] | None:
-    """Evaluations per hour while every trajectory was under way past its first step: from
-    the last first step's end to the first last step's end. The level's whole wall also holds
-    the start, when every trajectory compiles at once with the GPU idle, and the end, when
-    fewer are left; a training run of hours is this window. None when it is empty (fewer than
-    three steps per trajectory, or a trajectory that ended before another's first step)."""
-    if not runs or any(len(run) < 3 for run in runs):
+def steady_rate(ends_s: list[float], trajectories: int) -> dict[str, float] | None:
+    """Evaluations per hour with the first and the last round of steps left out: from the
+    ``trajectories``-th step's end to the end of the step ``trajectories`` before the last.
+
+    The level's whole wall also holds its start, when every trajectory compiles at once with the
+    GPU idle, and its end, when fewer trajectories are left; a training run of hours is the
+    middle. Counted by steps, not per trajectory, since the judge does not serve trajectories
+    in turn (one may finish all its steps before another's first ends). None when the middle is
+    empty (fewer than two rounds and one step)."""
+    ends = sorted(ends_s)
+    first, last = trajectories - 1, len(ends) - 1 - trajectories
+    if first < 0 or last <= first or ends[last] <= ends[first]:
         return None
-    opens = max(run[0]["ended_at"] for run in runs)
-    closes = min(run[-1]["ended_at"] for run in runs)
-    if closes <= opens:
-        return None
-    ended = sum(opens < record["ended_at"] <= closes for run in runs for record in run)
     return {
-        "per_hour": ended / (closes - opens) * 3600,
-        "evaluations": ended,
-        "window_s": closes - opens,
+        "per_hour": (last - first) / (ends[last] - ends[first]) * 3600,
+        "evaluations": last - first,
+        "window_s": ends[last] - ends[first],
     }
 
 
@@ -291,16 +291,20 @@ def run_level(
     try:
         with ThreadPoolExecutor(max_workers=trajectories) as pool:
             futures = [
-                pool.submit(trajectory, evaluator, task_id, source, f"t{index}", steps)
+                # Labels distinct across levels too: a source another level built would find
+                # its build cached, and that trajectory would step faster than training does.
+                pool.submit(
+                    trajectory, evaluator, task_id, source, f"{trajectories}:t{index}", steps
+                )
                 for index in range(trajectories)
             ]
-            runs = [future.result() for future in futures]
-            records = [record for run in runs for record in run]
+            records = [record for future in futures for record in future.result()]
     finally:
         wall = time.perf_counter() - started
         busy = busy_cpu_seconds() - busy_before
         cpu_by_kind = sampler.stop(busy)
     speedups = [r["speedup"] for r in records if r["speedup"]]
+    ends_s = sorted(r["ended_at"] - started for r in records)
     exclusive = [exclusive_s(r) for r in records]
     mean_exclusive = statistics.fmean(exclusive)
     return {
@@ -319,7 +323,9 @@ def run_level(
             for stage in EXCLUSIVE_STAGES
         },
         "exclusive_share": sum(exclusive) / wall,
-        "steady": steady_rate(runs),
+        "steady": steady_rate(ends_s, trajectories),
+        # When each step ended, from the level's start: the steady rate, recomputable.
+        "step_ends_s": ends_s,
         # What the level could do at most, the GPU held alone all the time at its mean hold
         # per evaluation: concurrency cannot go past it, only the hold's length can.
         # None when no evaluation held it (every step failed before the GPU).
