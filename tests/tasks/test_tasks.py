@@ -36,9 +36,11 @@ def test_every_task_is_complete(task_id: str) -> None:
     # The backward's gradients: what cuDNN's own backward needs (envs/ops/mha_bwd.yaml).
     expected = 2e-2 if task.family == "MHABwd" else 1e-2
     assert task.tolerance.atol == task.tolerance.rtol == expected
-    if task.family == "MHABwd":
+    # The outlier stage's, where the library itself needs more (envs/ops/mha_bwd.yaml, gqa.yaml).
+    outlier = 0.4 if task.family == "MHABwd" else 2.5e-2 if task.op == "GQAPrefill" else None
+    if outlier is not None:
         assert task.outlier_tolerance is not None
-        assert task.outlier_tolerance.atol == task.outlier_tolerance.rtol == 0.4
+        assert task.outlier_tolerance.atol == task.outlier_tolerance.rtol == outlier
     else:
         assert task.outlier_tolerance is None
     assert task.target.arch == {"H100": "sm_90a", "B200": "sm_100a"}[task.gpu]
