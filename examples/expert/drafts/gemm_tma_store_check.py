@@ -36,16 +36,17 @@ from pathlib import Path
 
 import numpy as np
 from deskcheck import (
+    SPAN,
     CheckError,
     NamedBarriers,
     acc_coord,
     assert_mirrored,
     bf16,
     constexprs,
-    dc,
     interleave,
     negative_controls,
     require,
+    tma_box64,
 )
 
 HERE = Path(__file__).resolve().parent
@@ -59,7 +60,6 @@ STAGING, TILE_BYTES, SMEM = C["kStagingBytes"], C["kTileBytes"], C["kSmemBytes"]
 EPILOGUE_BAR = C["kEpilogueBar"]
 HALVES, BOXES, BLOCKS = BN // HALF_COLS, HALF_COLS // BOX_COLS, HALF_COLS // 16
 ROWS = BM // CONSUMERS  # 64 rows per consumer warpgroup
-SPAN = 128  # CU_TENSOR_MAP_SWIZZLE_128B
 MAX_SMEM = 232448  # H100/H200 dynamic shared memory per block (params.md)
 MARK = "tmastore:"
 
@@ -167,17 +167,17 @@ def epilogue_tile(d: np.ndarray, bug: str = "") -> tuple[np.ndarray, np.ndarray,
                             for h in range(2):
                                 require(base + 2 * h not in smem, "stmatrix writes a byte twice")
                                 smem[base + 2 * h] = acc[t][8 * j + 2 * m + h]
-            # the TMA stores: box b = [64 rows][64 cols] read through the 128B swizzle
+            # the TMA stores: box b = [64 rows][64 cols] read through the 128B swizzle, at the
+            # addresses the drafts' TMA load model writes such a box to (deskcheck.tma_box64)
             for b in range(BOXES):
                 c0 = half * HALF_COLS + (0 if bug == "box_coord_no_b" else b * BOX_COLS)
                 c1 = consumer * ROWS
-                src = buf + b * BOX_BYTES
-                for r in range(ROWS):
-                    for e in range(BOX_COLS):
-                        a = dc.swizzle(src + r * 128 + 2 * e, SPAN)
-                        require(a in smem, f"TMA store reads unwritten smem at {a}")
-                        out[c1 + r, c0 + e] = smem[a]
-                        count[c1 + r, c0 + e] += 1
+                box: dict[int, tuple] = {}
+                tma_box64(box, buf + b * BOX_BYTES, "C", ROWS, c0)
+                for a, (_, r, c) in box.items():
+                    require(a in smem, f"TMA store reads unwritten smem at {a}")
+                    out[c1 + r, c] = smem[a]
+                    count[c1 + r, c] += 1
     return out, count, conflicts
 
 
