@@ -30,6 +30,7 @@ import datetime
 import json
 import math
 import os
+import secrets
 import statistics
 import sys
 import threading
@@ -39,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from ptxgym.env import PTXKernelEnv
+from ptxgym.evaluate.evaluator import Evaluator
 from ptxgym.evaluate.judge import JudgeSettings
 from ptxgym.evaluate.local_gpu import LocalGPUEvaluator
 from ptxgym.evaluate.single_call import CALL_SECONDS_KEYS, JUDGE_SIDE_KEYS
@@ -69,10 +71,13 @@ STAGES = (
 
 # The parts of a step that are not the env's own work: the build, the judge's queue, the judge.
 OUTSIDE_THE_ENV = ("compile", "queued", "judged")
+# Written into every distinct step's source: the build cache outlives a run, so without it a
+# second run on the same host would find the first one's builds and time no compiling.
+RUN_TAG = secrets.token_hex(4)
 
 
 def trajectory(
-    evaluator: LocalGPUEvaluator,
+    evaluator: Evaluator,
     task_id: str,
     source: str,
     label: str,
@@ -86,7 +91,8 @@ def trajectory(
     records = []
     for step in range(steps):
         started = time.perf_counter()
-        info = env.step(f"{source}\n// {label} step {step}\n" if distinct else source)[4]
+        distinct_source = f"{source}\n// run {RUN_TAG}, {label} step {step}\n"
+        info = env.step(distinct_source if distinct else source)[4]
         outcome = info["outcome"]
         records.append(
             {
@@ -95,6 +101,8 @@ def trajectory(
                 "speedup": outcome["speedup"],
                 "latency_ms": outcome["latency_ms"],
                 "qualified": outcome["qualified"],
+                # Whether the build cache answered (a distinct step's never should).
+                "cached_build": bool((outcome["compile"] or {}).get("cached")),
                 # Why the profile is unknown, when it is (a load-dependent failure shows here).
                 "profile_reason": (outcome["profile"] or {}).get("reason", ""),
                 "profile_method": (outcome["profile"] or {}).get("method", ""),
@@ -140,8 +148,9 @@ EXCLUSIVE_STAGES = ("worker_gpu", "profile_gpu")
 
 def exclusive_s(record: dict[str, Any]) -> float:
     """Seconds one evaluation held the GPU alone."""
-    return record["stages"].get("worker_gpu", 0.0) + (
-        record["stages"].get("profile_gpu", 0.0) if record["profile_method"] == "ncu" else 0.0
+    stages: dict[str, float] = record["stages"]
+    return stages.get("worker_gpu", 0.0) + (
+        stages.get("profile_gpu", 0.0) if record["profile_method"] == "ncu" else 0.0
     )
 
 
@@ -253,12 +262,13 @@ class CpuByProcessKind:
         self._stop.set()
         self._thread.join()
         self._last.update(self._sample())
-        by_kind: collections.Counter[str] = collections.Counter()
+        by_kind: collections.defaultdict[str, float] = collections.defaultdict(float)
         for pid, seconds in self._last.items():
             spent = seconds - self._start.get(pid, 0.0)
             if spent > 0:
                 by_kind[self._kinds[pid]] += spent
-        kinds = {kind: cpu for kind, cpu in by_kind.most_common() if cpu >= 0.05}
+        largest_first = sorted(by_kind.items(), key=lambda item: item[1], reverse=True)
+        kinds = {kind: cpu for kind, cpu in largest_first if cpu >= 0.05}
         return {**kinds, "unsampled": busy_s - sum(by_kind.values())}
 
 

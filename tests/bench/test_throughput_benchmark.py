@@ -1,9 +1,14 @@
-"""benchmarks/throughput.py's steady rate: the first and the last round of steps left out."""
+"""benchmarks/throughput.py: its steady rate (the first and the last round of steps left out),
+and distinct steps that compile in every run."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from benchmark_scripts import load_benchmark
+
+from ptxgym.evaluate.compile_only import CompileOnlyEvaluator
 
 throughput = load_benchmark("throughput")
 
@@ -41,3 +46,18 @@ def test_the_table_shows_the_steady_rate_and_its_ratio_to_the_first_level() -> N
     assert throughput.steady_cell(sixteen, one) == "2100 (3.50x, 48 in 82 s)"
     assert throughput.steady_cell(sixteen, None) == "2100 (48 in 82 s)"
     assert throughput.steady_cell(None, one) == "–"
+
+
+def test_a_second_run_with_the_same_labels_builds_afresh() -> None:
+    # The build cache outlives a run: a second run of the benchmark (a fresh import) stepping
+    # the same labels must still compile, or its level would time no compiling.
+    source = (Path(__file__).resolve().parents[2] / "examples/naive/gemm.cu").read_text()
+    evaluator = CompileOnlyEvaluator()
+    first = throughput.trajectory(evaluator, "PTX-H100-GEMM", source, "1:t0", 1)
+    second_run = load_benchmark("throughput")
+    second = second_run.trajectory(evaluator, "PTX-H100-GEMM", source, "1:t0", 1)
+    assert [r["status"] for r in first + second] == ["COMPILED", "COMPILED"]
+    assert not first[0]["cached_build"] and not second[0]["cached_build"]
+    # The same source stepped twice: the cache answers the second step (the cached-step level).
+    same = throughput.trajectory(evaluator, "PTX-H100-GEMM", source, "cached", 2, distinct=False)
+    assert same[1]["cached_build"]
