@@ -91,8 +91,8 @@ def trajectory(
     records = []
     for step in range(steps):
         started = time.perf_counter()
-        distinct_source = f"{source}\n// run {RUN_TAG}, {label} step {step}\n"
-        info = env.step(distinct_source if distinct else source)[4]
+        step_source = f"{source}\n// run {RUN_TAG}, {label} step {step}\n" if distinct else source
+        info = env.step(step_source)[4]
         outcome = info["outcome"]
         records.append(
             {
