@@ -1,33 +1,14 @@
 // Expert grouped-query attention PREFILL (ragged batch, bottom-right causal), head_dim 128,
-// FlashAttention-3 style, for Hopper (sm_90a).
+// FlashAttention-3 style, PERSISTENT, for Hopper (sm_90a).
 //
-// H200, 2026-12-03, `ptxgym eval` with default settings (benchmarks/experts.py, docs/benchmarks.md,
-// twenty-second session): PASSED (all 5 workloads), qualified (HGMMA 8,650,752 warps, UTMALDG
-// 278,528, FLOP coverage 1.03), memcheck clean. Speedup against FlashInfer per workload
-// (b4-s4096, b16-mixed, b2-s8192, b8-chunked, b128-short):
-//   this kernel, host 1:                      0.904 0.916 0.973 0.934 0.924  (0.933x in all)
-//   the fixed 4 heads per CTA before, host 1: 0.901 0.882 0.974 0.903 0.895  (0.912x)
-//   this kernel, host 2 (every expert's table): 0.912 0.932 1.013 0.954 0.917  (0.950x,
-//   7.6385 ms against 7.2530 ms, 534 TFLOP/s)
-// so issue 27's >= 0.9x on every workload holds on both hosts, b4-s4096 with the least margin.
-//
-// Heads per CTA (kHeadsPerCta, query heads of one KV head that a CTA processes one after
-// another) is the attention kernel's template parameter, instantiated for 4 and 2; the host
-// picks one per call.
-//   Rule: kHeadsPerCta = 4 iff batch_size <= 4, else 2 (kMaxBatchFor4).
-//   Why: H200 speedups with one fixed value (the workloads as above), 4: 0.903 0.864 0.980 0.904
-//     0.876; 2: 0.897 0.910 0.961 0.940 0.885; 1: 0.893 0.904 0.955 0.959 0.810 (4 and 2/1 on
-//     different hosts): the two workloads of <= 4 long sequences prefer 4, the three of 8 or
-//     more sequences prefer 2. Back to back on one host the rule gained 1.038x, 1.035x and
-//     1.032x on b16-mixed, b8-chunked and b128-short over the fixed 4, and nothing lost on the
-//     two others (1.003x, 0.999x).
-//   Why not a rule on the CTA count: the host never knows the real tile count (the lengths
-//     are on the device; it only has the bound max_items), and the measured preference is not
-//     monotone in the grid anyway: grid at 4 heads/CTA (8 * max_items) = 568 for b8-chunked
-//     (prefers 2), 1032 / 1048 for b2-s8192 / b4-s4096 (prefer 4), 2424 for b16-mixed and 6144
-//     for b128-short (prefer 2). No threshold on it separates the five.
-// examples/expert/README.md has the design checks; the desk check is
-// examples/expert/drafts/gqa_prefill_check.py.
+// The persistent version of the non-persistent kernel this file held until 2026-12-03 (in git
+// history; H200: 0.89-0.99x FlashInfer per workload over three hosts, two workloads under 0.9x on
+// one). The plan kernel, the tile code (Q K^T, the ragged causal mask, FA2's Check_inf, the online
+// softmax, P V, the intra-warpgroup overlap) and the epilogue are that kernel's code, unchanged;
+// the unit loop, the unit slot, the ticket counter and the continuous ping-pong are those of the
+// persistent examples/expert/mha_fwd_causal_d128.cu. What is new is marked "persistent".
+// Its desk checks are examples/expert/drafts/gqa_prefill_persistent_check.py (the persistent
+// schedule) and gqa_prefill_check.py (the plan, the mask and the tile code).
 //
 //   q: [total_q, 32, 128] bf16, k, v: [total_kv, 8, 128] bf16 (head_dim contiguous);
 //   sequence b owns query rows qo_indptr[b] .. qo_indptr[b+1] and key rows kv_indptr[b] ..
@@ -35,60 +16,64 @@
 //   j <= i + (kv_len - q_len).  Query head h reads KV head h / 4.  scale = 1/sqrt(128).
 //   o: [total_q, 32, 128] bf16;  lse: [total_q, 32] fp32, natural log.
 //
-// Derived from the GPU-verified examples/expert/mha_fwd_causal_d128.cu (and mha_fwd_d128.cu):
-// the producer/consumer structure, the rings, the wgmma descriptors, the intra-warpgroup overlap
-// and the ping-pong are that kernel's code. What is new is marked "ragged", "gqa" or "plan".
+// Design (steps; the non-persistent kernel's tile-level design notes hold unchanged and are
+// repeated in short at the end):
+//   1. plan (as before): one block counting-sorts the query tiles (sequence b, 128-row
+//      tile t) by cost n_kv, heaviest first, into items[0 .. max_items-1]; entries past the real
+//      tile count are {-1, 0}. persistent: thread 0 also writes the real tile count n_items into
+//      sched[kSchedItems] (cursor[0], the end of the last bucket), so the attention kernel knows
+//      where the live units end without a host read, and zeroes the ticket counter (step 4).
+//   2. persistent, units: a WORK UNIT is (item, query head h), ONE head per unit:
+//      unit u -> item u / 32, head u % 32, KV head (u % 32) / 4. So the units go heaviest item
+//      first, and the 4 query heads of one (item, KV head) are adjacent units: 4 SMs stream the
+//      same K/V tiles at about the same time (one HBM read, three L2 hits). n_units = 32 *
+//      n_items (device-side); every unit below it is live, because dead items sit at the end of
+//      the sorted list. One head per unit (not 2 or 4 as the non-persistent kernel): persistence
+//      already amortises the CTA start, so the finest split balances best (desk check, part d).
+//   3. persistent, grid: min(number of SMs, 32 * max_items) CTAs of 384 threads, 1 per SM
+//      (230,544 B of shared memory). A CTA whose blockIdx.x >= n_units (fewer units than SMs)
+//      returns before touching any barrier.
+//   4. persistent, dispatch (as mha_fwd_causal_d128.cu): the first unit of CTA c is c; later ones
+//      are tickets, unit = gridDim.x + atomicAdd(&sched[kSchedCounter], 1), drawn by the
+//      producer's elected thread right after it issued the current unit's last K/V load (the
+//      atomic's and the next item's load latency hide behind the consumers' last kStages
+//      tiles). A CTA stops at its first unit >= n_units. Draw count per launch: every unit
+//      u >= grid is drawn once (ticket u - grid), and every CTA that had a first unit draws one
+//      final ticket (unit >= n_units), so a launch draws max(0, n_units - grid) + min(grid,
+//      n_units) = n_units tickets, values 0 .. n_units-1, each once. The drawer of value
+//      n_units - 1 therefore makes the launch's LAST draw and zeroes the counter (atomicExch):
+//      no memset enters the timed call, and the next launch on the stream starts from 0. The
+//      counter is zeroed when it is allocated (first call) and, as a second guard that costs
+//      nothing, by the plan kernel of every call (as drafts/gqa_prefill_packed.cu does): the
+//      attention kernel then starts from 0 even after a launch that did not finish (an error,
+//      a killed run), and the self-reset keeps the counter at 0 between calls on its own.
+//   5. persistent, hand-over: one Q buffer and a unit slot in shared memory (head, tile, q_start,
+//      q_len, kv_len; head -1 = end). The producer waits q_empty (8 consumer-warp arrivals, each
+//      after that warp's LAST S = Q K^T of the unit retired), writes the slot, then arrives on
+//      q_full with Q's TMA bytes; the consumers wait q_full and read the slot (no global load on
+//      their path). So the next unit's Q and first K/V tiles load during the current unit's last
+//      softmax, P V and epilogue. The producer reads the next unit's item and indptr entries
+//      right after drawing its ticket, before it waits on q_empty.
+//   6. persistent, phases: the K and V rings' (stage, parity) and q_full/q_empty's parity (unit
+//      counter & 1) continue across units, never reset; each unit advances each ring n_kv times
+//      on both sides.
+//   7. persistent, ping-pong (as mha_fwd_causal_d128.cu): consumer 1 primes named barrier 1 once
+//      per CTA, every hand-over arrive is made (none skipped: the last one of a unit opens the
+//      other consumer's first turn of the next unit), and consumer 0 takes one extra sync on
+//      bar 1 when it reads the end of the list. Per CTA: bar 1 gets 1 + sum(n_kv) arrives of
+//      consumer 1 and sum(n_kv) + 1 syncs of consumer 0; bar 2 sum(n_kv) of each.
+//   8. tile (as before): K/V tiles n_kv-1 .. 0 downwards, n_kv = (i_max + d)/128 + 1,
+//      d = kv_len - q_len, the first n_mask <= 2 processed tiles masked (col - row > 128(t-j) +
+//      d), Check_inf for rows fully masked so far, only rows < q_len written. 384 threads: WG0
+//      producer (setmaxnreg 40, one elected thread issues all TMA), WG1/WG2 consumers
+//      (setmaxnreg 232, 64 query rows each), 3-stage K and V rings of full/empty mbarriers.
+//      Tensor maps 3-D, 128B swizzle, box {64, 1, 128}; made on the host and cached.
+// Shared memory: Q 32 KB + 3 x (K 32 KB + V 32 KB) + 14 mbarriers (112 B) + the unit slot (32 B)
+// + 1 KB alignment slack = 230544 B of 232448 B.
 //
-// Design
-//   * plan: the host knows only batch_size / total_q / total_kv, the lengths live on the device
-//     and reading them would synchronise. A one-block plan kernel reads the indptr arrays and
-//     writes the list of query tiles (sequence b, 128-row tile t), sorted by cost = number of
-//     K/V tiles the tile needs, heaviest first (a counting sort over costs; ties in arbitrary
-//     order). The host sizes the list by an upper bound, sum ceil(q_len/128) <= (total_q +
-//     127 * batch_size) / 128; entries past the real count are {-1, 0} and their CTAs exit at
-//     once. The plan runs on every call (a few microseconds), because nothing on the host can
-//     tell whether the indptr contents changed.
-//   * gqa: CTA c takes tile item c / (8 G) and KV head (c % (8 G)) / G, G = 4 / kHeadsPerCta,
-//     and processes kHeadsPerCta query heads of that KV head ONE AFTER ANOTHER (same K/V tiles,
-//     same mask, same ring; only Q is reloaded). That amortises the CTA start (barrier init, the
-//     first Q/K latency, the unoverlapped prologue) over up to 4 heads, which matters for the
-//     short tiles of b128-short (3.8 K/V tiles per tile on average). Heads of one CTA reuse the
-//     K/V tiles through L2 (the same tiles, loaded again a few microseconds later).
-//   * Global heaviest-first order (longest-processing-time-first), see the schedule model in
-//     examples/expert/drafts/gqa_prefill_check.py: with kHeadsPerCta = 4 its makespan is within
-//     3-19 % of the perfect split for the five workloads.
-//   * ragged: Q tile t of sequence b = query rows 128t .. 128t+127 of the sequence (TMA box at
-//     token q_start + 128t; rows past the sequence read the next sequence's rows or the
-//     tensor's zero fill: they are computed, never written, and rows never mix). K/V tile j =
-//     keys 128j .. 128j+127 (box at kv_start + 128j; keys past kv_len are masked below).
-//   * ragged causal: with d = kv_len - q_len the tile needs K/V tiles 0 .. n_kv-1,
-//     n_kv = (i_max + d)/128 + 1, i_max = min(128t+127, q_len-1). They are processed
-//     DOWNWARDS (j = n_kv-1 .. 0, FA3's order). A tile j needs the mask iff its last key
-//     128j+127 > 128t + d (the smallest row's limit); these are the first n_mask <= 2
-//     processed tiles (j >= j_min = t + (d+1)/128). The first processed tile is always masked
-//     (n_mask >= 1; masking a tile that needs none changes nothing). Keys >= kv_len are always
-//     > i + d for a valid row i, so the causal rule also removes the next sequence's keys.
-//   * Mask: score(row, col) = -inf iff 128j + col > 128t + row + d, i.e. col - row > off with
-//     off = 128(t-j) + d. Thread (r0, q) of consumer g holds columns 8jj + 2q + e of rows
-//     64g + r0 (+ 8): masked iff 8jj + e > off + row - 2q.
-//   * Fully masked rows: unlike the square causal kernel, a row can have all its scores of the
-//     first processed tile masked (d % 128 != 0). The softmax therefore uses m_use = (m == -inf
-//     ? 0 : m) for the exponent and the rescale factor (FA2's Check_inf): such a row gets
-//     P = 0, l = 0, O = 0 until its first kept key, and sc = ex2(-inf) = 0 then. Every row keeps
-//     key 0 (i + d >= 0), which sits in the last processed tile, so l >= 1 at the end.
-//   * 384 threads: WG0 producer (one elected thread issues all TMA), WG1/WG2 consumers (64 query
-//     rows each), 3-stage K and V rings of full/empty mbarriers, ping-pong on named barriers 1/2,
-//     P V_{j-1} overlapped with the softmax of block j: all as in mha_fwd_causal_d128.cu.
-//   * gqa: one Q buffer, guarded by q_full (TMA) and q_empty (8 consumer-warp arrivals after a
-//     warp's LAST S = Q K^T wgmma of a head retired). The producer waits q_empty before loading
-//     the next head's Q, so that load overlaps the last softmax, P V and epilogue of the head
-//     before. Ring counters and phases simply continue across the heads of a CTA.
-//   * Tensor maps (3-D, 128B swizzle, box {64, 1, 128} = one [128 tokens][64 d] half tile):
-//     q {128, 32, total_q}, k/v {128, 8, total_kv}; made on the host for the call's pointers
-//     and cached (pointer and size keyed).
-//   * Epilogue: only rows < q_len are written (O bf16 from registers, LSE from quad lane 0).
-// Shared memory: Q 32 KB + 3 x (K 32 KB + V 32 KB) + 14 mbarriers (112 B) + 1 KB alignment slack
-// = 230512 B of 232448 B.
+// On the H200 (2026-12-03, twice on one host, `ptxgym eval`'s default settings): PASSED on all 5
+// workloads, qualified, memcheck clean, 0.983x and 0.984x FlashInfer (0.933-1.003x per workload)
+// where the non-persistent kernel ran 0.939x (0.904-0.992x) beside it.
 
 #include "ptxgym_h100.cuh"
 
@@ -108,18 +93,14 @@ constexpr int kBN = 128;        // keys per K/V tile
 constexpr int kStages = 3;      // depth of each of the K and V rings
 constexpr int kThreads = 384;   // producer WG + 2 consumer WGs
 
-// gqa: query heads processed one after another by one CTA (1, 2 or 4). See the header.
-// kHeadsPerCta is the attention kernel's template parameter (instantiated for 4 and 2); the two
-// constants that depend on it are members of HeadSplit<kHeadsPerCta>. Shared memory, the
-// barriers and the plan do not depend on it.
-template <int kHeadsPerCta>
-struct HeadSplit {
-  static_assert(kGroup % kHeadsPerCta == 0, "a CTA's heads must share one KV head");
-  static constexpr int kCtasPerTileKv = kGroup / kHeadsPerCta;    // G: CTAs per (tile, KV head)
-  static constexpr int kCtasPerItem = kKvHeads * kCtasPerTileKv;  // CTAs per (sequence, q tile)
-};
-// The selection rule (header): 4 heads per CTA iff batch_size <= kMaxBatchFor4, else 2.
-constexpr int kMaxBatchFor4 = 4;
+
+// persistent: one query head per work unit; unit u = item u / 32, head u % 32 (step 2).
+constexpr int kUnitsPerItem = kQoHeads;
+// persistent: the small scheduling buffer (ints): the ticket counter and the plan's tile count,
+// a 128-byte line apart (the count is read by every CTA, the counter hammered by atomics).
+constexpr int kSchedCounter = 0;
+constexpr int kSchedItems = 32;
+constexpr int kSchedInts = 64;
 
 // plan: cost buckets of the counting sort (cost = K/V tiles of a query tile, clamped; exact up
 // to kv_len = 1024 * 128 = 131072, beyond that only the order degrades, not the coverage).
@@ -135,7 +116,9 @@ constexpr uint32_t kOffV = kOffK + kStages * kTileBytes;
 constexpr uint32_t kOffBar = kOffV + kStages * kTileBytes;
 // q_full, q_empty, k_full[], k_empty[], v_full[], v_empty[]
 constexpr uint32_t kNumBars = 2 + 4 * kStages;
-constexpr uint32_t kSmemBytes = kOffBar + 8 * kNumBars + 1024;  // +1 KB to round the base up
+constexpr uint32_t kOffSlot = kOffBar + 8 * kNumBars;  // persistent: the unit slot (8 ints)
+constexpr uint32_t kSlotInts = 8;  // head (-1: end), tile, q_start, q_len, kv_len, unused
+constexpr uint32_t kSmemBytes = kOffSlot + 4 * kSlotInts + 1024;  // +1 KB to round the base up
 static_assert(kSmemBytes <= 232448, "dynamic shared memory over the 227 KB limit");
 
 // Empty barriers (and q_empty): one arrival per consumer warp (2 warpgroups x 4 warps).
@@ -211,7 +194,8 @@ __device__ __forceinline__ int tile_n_kv(int t, int q_len, int kv_len) {
 // One block. Counting sort of all query tiles (b, t) by n_kv, descending.
 __global__ void __launch_bounds__(kPlanThreads, 1)
     gqa_prefill_plan_kernel(const int* __restrict__ qo_indptr, const int* __restrict__ kv_indptr,
-                            int batch_size, int2* __restrict__ items, int max_items) {
+                            int batch_size, int2* __restrict__ items, int max_items,
+                            int* __restrict__ sched) {
   __shared__ int hist[kBuckets];    // tiles per cost bucket
   __shared__ int cursor[kBuckets];  // next free slot of each bucket
   __shared__ int warp_sums[kPlanThreads / 32];
@@ -275,38 +259,30 @@ __global__ void __launch_bounds__(kPlanThreads, 1)
   // 4. dead entries: after step 3 every cursor[c] is the end of bucket c, and bucket 0 (cost 0,
   //    never used) is the last bucket in descending order, so cursor[0] = the number of tiles.
   for (int p = cursor[0] + tid; p < max_items; p += kPlanThreads) items[p] = make_int2(-1, 0);
+  // persistent: the real tile count, for the attention kernel's n_units (step 1). cursor[0] is
+  // stable since the barrier after step 3; min() only guards the host bound. The ticket counter
+  // is zeroed here too (step 4): already 0 after a complete launch, this makes the call
+  // independent of how the previous launch ended.
+  if (tid == 0) {
+    sched[kSchedItems] = min(cursor[0], max_items);
+    sched[kSchedCounter] = 0;
+  }
 }
 
+
 // ========================================================================== attention kernel
-template <int kHeadsPerCta>  // 4 or 2, chosen per call by the host
 __global__ void __launch_bounds__(kThreads, 1)
-    gqa_prefill_kernel(const __grid_constant__ CUtensorMap tmQ,
-                       const __grid_constant__ CUtensorMap tmK,
-                       const __grid_constant__ CUtensorMap tmV,
-                       const int* __restrict__ qo_indptr, const int* __restrict__ kv_indptr,
-                       const int2* __restrict__ items, __nv_bfloat16* __restrict__ O,
-                       float* __restrict__ LSE, float scale_log2) {
-  // The split's constants, per instantiation.
-  constexpr int kCtasPerTileKv = HeadSplit<kHeadsPerCta>::kCtasPerTileKv;
-  constexpr int kCtasPerItem = HeadSplit<kHeadsPerCta>::kCtasPerItem;
-  // ---- 0. work item (plan) ----
-  const int item = static_cast<int>(blockIdx.x) / kCtasPerItem;
-  const int sub = static_cast<int>(blockIdx.x) % kCtasPerItem;
-  const int2 it = items[item];
-  const int b = it.x;
-  if (b < 0) return;  // dead entry past the real tile count: the whole CTA leaves, no barrier used
-  const int t = it.y;
-  const int kvh = sub / kCtasPerTileKv;
-  const int h0 = kvh * kGroup + (sub % kCtasPerTileKv) * kHeadsPerCta;  // first query head
-  const int q_start = qo_indptr[b];
-  const int q_len = qo_indptr[b + 1] - q_start;
-  const int kv_start = kv_indptr[b];
-  const int kv_len = kv_indptr[b + 1] - kv_start;
-  const int dq_off = kv_len - q_len;  // d >= 0: bottom-right alignment
-  // ragged causal: tiles 0 .. n_kv-1, processed downwards; the first n_mask of them are masked.
-  const int n_kv = tile_n_kv(t, q_len, kv_len);               // >= 1
-  const int j_min = t + (dq_off + 1) / kBN;                    // lowest tile needing the mask
-  const int n_mask = max(1, n_kv - j_min);                     // 1 or 2
+    gqa_prefill_persistent_kernel(const __grid_constant__ CUtensorMap tmQ,
+                                  const __grid_constant__ CUtensorMap tmK,
+                                  const __grid_constant__ CUtensorMap tmV,
+                                  const int* __restrict__ qo_indptr,
+                                  const int* __restrict__ kv_indptr,
+                                  const int2* __restrict__ items, int* __restrict__ sched,
+                                  __nv_bfloat16* __restrict__ O, float* __restrict__ LSE,
+                                  float scale_log2) {
+  // ---- 0. persistent: live units (step 2); a CTA without a first unit leaves at once ----
+  const int n_units = kUnitsPerItem * sched[kSchedItems];
+  if (static_cast<int>(blockIdx.x) >= n_units) return;  // CTA-uniform, before any barrier
 
   extern __shared__ uint8_t smem_raw[];
   uint8_t* sm = reinterpret_cast<uint8_t*>(
@@ -321,6 +297,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   uint64_t* k_empty = bars + 2 + kStages;
   uint64_t* v_full = bars + 2 + 2 * kStages;
   uint64_t* v_empty = bars + 2 + 3 * kStages;
+  // persistent: the unit the Q buffer holds (step 5). Written by the producer before its q_full
+  // arrive (release), read by the consumers after their q_full wait (acquire), rewritten only
+  // after q_empty, i.e. after every consumer warp has read it.
+  volatile int* slot = reinterpret_cast<volatile int*>(sm + kOffSlot);
 
   if (threadIdx.x == 0) {
     ptx::mbar_init(q_full, 1);
@@ -344,17 +324,45 @@ __global__ void __launch_bounds__(kThreads, 1)
     // ------------------------------------------------------------------ 1. producer warpgroup
     ptx::setmaxnreg_dec<40>();
     if (ptx::warp_idx() == 0 && ptx::elect_one_sync()) {
-      const int q_tok = q_start + t * kBM;
       int kst = 0, vst = 0;
       uint32_t kph = 0, vph = 0;
-      for (int hi = 0; hi < kHeadsPerCta; ++hi) {
-        // gqa: Q of head h0+hi into the single Q buffer once the consumers released the last
-        // head's Q (fresh barrier for hi = 0: parity 1 passes at once).
-        ptx::mbar_wait(q_empty, static_cast<uint32_t>(hi & 1) ^ 1u);
+      // 1a. persistent: the first unit is blockIdx.x (< n_units, see 0.); later ones are tickets.
+      int unit = static_cast<int>(blockIdx.x);
+      // The unit's item and sequence bounds, read ahead of the q_empty wait (step 5).
+      int2 itm = items[unit / kUnitsPerItem];
+      int q_start = qo_indptr[itm.x];
+      int q_end = qo_indptr[itm.x + 1];
+      int kv_start = kv_indptr[itm.x];
+      int kv_end = kv_indptr[itm.x + 1];
+#pragma unroll 1
+      for (uint32_t it = 0;; ++it) {
+        // 1b. Q buffer and slot free: every consumer warp's last S GEMM of the previous unit
+        // retired. Fresh barrier at it = 0: parity 1 passes at once.
+        ptx::mbar_wait(q_empty, (it & 1u) ^ 1u);
+        if (unit >= n_units) {
+          // End of the list: slot -1, q_full's phase completes on this arrival alone (no tx).
+          slot[0] = -1;
+          ptx::mbar_arrive(q_full);
+          break;
+        }
+        const int h = unit % kUnitsPerItem;  // query head
+        const int kvh = h / kGroup;          // gqa: its KV head
+        const int t = itm.y;                 // query tile of sequence itm.x
+        const int q_len = q_end - q_start;
+        const int kv_len = kv_end - kv_start;
+        const int n_kv = tile_n_kv(t, q_len, kv_len);  // >= 1
+        slot[0] = h;
+        slot[1] = t;
+        slot[2] = q_start;
+        slot[3] = q_len;
+        slot[4] = kv_len;
+        // 1c. Q of this unit.
+        const int q_tok = q_start + t * kBM;
         ptx::mbar_arrive_expect_tx(q_full, kTileBytes);
-        ptx::tma_load_3d(sQ, &tmQ, q_full, 0, h0 + hi, q_tok);               // d 0..63
-        ptx::tma_load_3d(sQ + kBoxBytes, &tmQ, q_full, 64, h0 + hi, q_tok);  // d 64..127
-        // K/V tiles n_kv-1 .. 0 of this sequence, KV head kvh (the same for every hi).
+        ptx::tma_load_3d(sQ, &tmQ, q_full, 0, h, q_tok);               // d 0..63
+        ptx::tma_load_3d(sQ + kBoxBytes, &tmQ, q_full, 64, h, q_tok);  // d 64..127
+        // 1d. K/V tiles n_kv-1 .. 0 of this sequence, KV head kvh; the rings continue from the
+        // previous unit (step 6).
         for (int i = 0; i < n_kv; ++i) {
           const int tok = kv_start + (n_kv - 1 - i) * kBN;
           ptx::mbar_wait(&k_empty[kst], kph ^ 1u);
@@ -370,8 +378,21 @@ __global__ void __launch_bounds__(kThreads, 1)
           ptx::tma_load_3d(dv + kBoxBytes, &tmV, &v_full[vst], 64, kvh, tok);
           if (++vst == kStages) { vst = 0; vph ^= 1u; }
         }
+        // 1e. persistent: claim the next unit (step 4). The draw of ticket value n_units - 1 is
+        // the launch's last draw: it resets the counter for the next launch.
+        const int ticket = atomicAdd(&sched[kSchedCounter], 1);
+        if (ticket == n_units - 1) atomicExch(&sched[kSchedCounter], 0);
+        unit = static_cast<int>(gridDim.x) + ticket;
+        if (unit < n_units) {
+          itm = items[unit / kUnitsPerItem];
+          q_start = qo_indptr[itm.x];
+          q_end = qo_indptr[itm.x + 1];
+          kv_start = kv_indptr[itm.x];
+          kv_end = kv_indptr[itm.x + 1];
+        }
       }
     }
+    // The other producer threads have nothing to do; no CTA-wide barrier follows.
     return;
   }
 
@@ -386,8 +407,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint32_t r0 = 16u * warp + lane / 4u;  // accumulator rows r0 and r0 + 8 (contracts §2)
   const uint32_t q = lane % 4u;                // accumulator columns 8j + 2q, 8j + 2q + 1
   const int row_t = static_cast<int>(64u * g + r0);  // this thread's first row in the tile
-  // ragged mask offset of processed block jb (tile n_kv-1-jb): off = 128(t - j) + d.
-  const int off_first = kBN * (t - (n_kv - 1)) + dq_off;
 
   const uint64_t dq = ptx::make_desc_kmajor_sw128(sQ + g * 8192u);
 
@@ -401,35 +420,52 @@ __global__ void __launch_bounds__(kThreads, 1)
   int kst = 0, vst = 0;
   uint32_t kph = 0, vph = 0;
 
+  // Ping-pong priming, persistent: ONCE per CTA, consumer 0 issues first; the turns then
+  // alternate across unit boundaries (step 7).
+  if (g == 1) ptx::named_bar_arrive(kTurnBar + 0, 256);
+
 #pragma unroll 1
-  for (int hi = 0; hi < kHeadsPerCta; ++hi) {
-    const int h = h0 + hi;
+  for (uint32_t it = 0;; ++it) {
+    // ---- 2a. persistent: next unit (Q and the slot arrive together on q_full) ----
+    ptx::mbar_wait(q_full, it & 1u);
+    const int h = slot[0];
+    if (h < 0) {
+      // End: consumer 1's last hand-over is still pending on bar 1; consumer 0 takes it so no
+      // named-barrier generation is left open.
+      if (g == 0) ptx::named_bar_sync(kTurnBar + 0, 256);
+      break;
+    }
+    const int t = slot[1];
+    const int q_start = slot[2];
+    const int q_len = slot[3];
+    const int kv_len = slot[4];
+    const int dq_off = kv_len - q_len;  // d >= 0: bottom-right alignment
+    // ragged causal: tiles 0 .. n_kv-1, processed downwards; the first n_mask of them are masked.
+    const int n_kv = tile_n_kv(t, q_len, kv_len);               // >= 1
+    const int j_min = t + (dq_off + 1) / kBN;                    // lowest tile needing the mask
+    const int n_mask = max(1, n_kv - j_min);                     // 1 or 2
+    // ragged mask offset of processed block jb (tile n_kv-1-jb): off = 128(t - j) + d.
+    const int off_first = kBN * (t - (n_kv - 1)) + dq_off;
+
 #pragma unroll
     for (int i = 0; i < 64; ++i) o_acc[i] = 0.f;
     sc0 = 1.f;
     sc1 = 1.f;
 
-    // Ping-pong priming, once per head: consumer 0 issues first. Per head consumer 1 arrives on
-    // bar 1 n_kv times (this + n_kv - 1, its last one skipped) and consumer 0 syncs it n_kv
-    // times; the skipped arrive of head hi is what this priming of head hi+1 replaces, so the
-    // hand-over stays a strict alternation across the heads of the CTA.
-    if (g == 1) ptx::named_bar_arrive(kTurnBar + 0, 256);
-
-    ptx::mbar_wait(q_full, static_cast<uint32_t>(hi & 1));
-
-    // ---- 2a. prologue: S = Q K_{n_kv-1}^T, always masked ----
+    // ---- 2b. prologue: S = Q K_{n_kv-1}^T, always masked ----
     ptx::mbar_wait(&k_full[kst], kph);
     ptx::named_bar_sync(kTurnBar + g, 256);
     ptx::fence_regs(s_acc);
     ptx::wgmma_fence();
     issue_qk(s_acc, dq, ptx::make_desc_kmajor_sw128(sK + kst * kTileBytes));
     ptx::wgmma_commit();
-    if (!(g == 1 && n_kv == 1)) ptx::named_bar_arrive(kTurnBar + (1 - g), 256);
+    // persistent: the hand-over is never skipped (step 7).
+    ptx::named_bar_arrive(kTurnBar + (1 - g), 256);
     ptx::wgmma_wait<0>();
     ptx::fence_regs(s_acc);
     if (warp_leader) {
       ptx::mbar_arrive(&k_empty[kst]);
-      if (n_kv == 1) ptx::mbar_arrive(q_empty);  // gqa: this head's last Q K^T has retired
+      if (n_kv == 1) ptx::mbar_arrive(q_empty);  // persistent: this unit's last Q K^T retired
     }
     if (++kst == kStages) { kst = 0; kph ^= 1u; }
     mask_tile(s_acc, row_t, static_cast<int>(q), off_first);
@@ -490,18 +526,18 @@ __global__ void __launch_bounds__(kThreads, 1)
       ptx::wgmma_fence();
       issue_pv(o_acc, pf, ptx::make_desc_mnmajor_sw128(sV + vst * kTileBytes, kBoxBytes));
       ptx::wgmma_commit();                                   // group G_PV(j-1)
-      if (!(g == 1 && j == n_kv - 1)) ptx::named_bar_arrive(kTurnBar + (1 - g), 256);
+      ptx::named_bar_arrive(kTurnBar + (1 - g), 256);        // persistent: never skipped
 
       ptx::wgmma_wait<1>();  // G_S(j) done; G_PV(j-1) may still run
       ptx::fence_regs(s_acc);
       if (warp_leader) {
         ptx::mbar_arrive(&k_empty[kst]);
-        if (j == n_kv - 1) ptx::mbar_arrive(q_empty);  // gqa: last Q K^T of this head retired
+        if (j == n_kv - 1) ptx::mbar_arrive(q_empty);  // persistent: last Q K^T of the unit
       }
       if (++kst == kStages) { kst = 0; kph ^= 1u; }
 
       // ragged causal: the second processed tile may still cross the diagonal (d % 128 != 0 or
-      // a partial last query tile); warp-uniform branch, taken at most once per head.
+      // a partial last query tile); warp-uniform branch, taken at most once per unit.
       if (j < n_mask) mask_tile(s_acc, row_t, static_cast<int>(q), off_first + kBN * j);
 
       {
@@ -570,7 +606,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     ptx::wgmma_wait<0>();
     ptx::fence_regs(o_acc);
     fence_frag(pf);
-    // Needed now: with kHeadsPerCta > 1 the producer reuses this stage for the next head.
+    // persistent: needed now, the producer refills this stage for a later unit.
     if (warp_leader) ptx::mbar_arrive(&v_empty[vst]);
     if (++vst == kStages) { vst = 0; vph ^= 1u; }
 
@@ -626,11 +662,14 @@ extern "C" int gqa_prefill(const __nv_bfloat16* q, const __nv_bfloat16* k,
   if (total_kv == 0) return static_cast<int>(cudaErrorInvalidValue);  // q_len <= kv_len
   if ((reinterpret_cast<uintptr_t>(o) % 4) != 0) return static_cast<int>(cudaErrorInvalidValue);
 
-  // Host state kept across calls: smem opt-in, the tensor maps of the last pointers, the work
-  // list buffer (grown rarely; stream-ordered use, one stream assumed as in gqa_decode.cu).
+  // Host state kept across calls: SM count, smem opt-in, the tensor maps of the last pointers,
+  // the work list buffer (grown rarely) and the scheduling buffer (ticket counter + tile count).
+  // Stream-ordered use, one call at a time on one stream assumed (as in gqa_decode.cu).
+  static int num_sms = 0;
   static bool smem_set = false;
   static int2* items = nullptr;
   static size_t items_cap = 0;
+  static int* sched = nullptr;
   static CUtensorMap tmQ, tmK, tmV;
   static const void* map_q = nullptr;
   static const void* map_k = nullptr;
@@ -638,14 +677,32 @@ extern "C" int gqa_prefill(const __nv_bfloat16* q, const __nv_bfloat16* k,
   static int map_tq = -1, map_tkv = -1;
   cudaError_t err;
 
+  if (num_sms == 0) {
+    int dev = 0;
+    if ((err = cudaGetDevice(&dev)) != cudaSuccess) return static_cast<int>(err);
+    int n = 0;
+    if ((err = cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev)) != cudaSuccess)
+      return static_cast<int>(err);
+    if (n <= 0) return static_cast<int>(cudaErrorInvalidValue);
+    num_sms = n;
+  }
   if (!smem_set) {
-    // Both instantiations opt in.
-    if ((err = ptx::set_max_dynamic_smem(gqa_prefill_kernel<4>, static_cast<int>(kSmemBytes))) !=
-            cudaSuccess ||
-        (err = ptx::set_max_dynamic_smem(gqa_prefill_kernel<2>, static_cast<int>(kSmemBytes))) !=
-            cudaSuccess)
+    if ((err = ptx::set_max_dynamic_smem(gqa_prefill_persistent_kernel,
+                                         static_cast<int>(kSmemBytes))) != cudaSuccess)
       return static_cast<int>(err);
     smem_set = true;
+  }
+  if (sched == nullptr) {
+    // persistent: zeroed once, stream-ordered before the first launch; every launch leaves the
+    // counter at 0 again (step 4), and the plan rewrites the tile count and re-zeroes the
+    // counter on every call.
+    if ((err = cudaMalloc(&sched, kSchedInts * sizeof(int))) != cudaSuccess)
+      return static_cast<int>(err);
+    if ((err = cudaMemsetAsync(sched, 0, kSchedInts * sizeof(int), stream)) != cudaSuccess) {
+      cudaFree(sched);
+      sched = nullptr;
+      return static_cast<int>(err);
+    }
   }
   if (map_q != q || map_k != k || map_v != v || map_tq != total_q || map_tkv != total_kv) {
     map_q = nullptr;  // invalid until all three are made
@@ -660,16 +717,12 @@ extern "C" int gqa_prefill(const __nv_bfloat16* q, const __nv_bfloat16* k,
     map_tkv = total_kv;
   }
 
-  // Heads per CTA for this call, from what the host already has (no device read:
-  // the lengths stay on the device); rule and measurements in the header.
-  const bool four_heads = batch_size <= kMaxBatchFor4;
-  const int ctas_per_item = four_heads ? HeadSplit<4>::kCtasPerItem : HeadSplit<2>::kCtasPerItem;
-
   // plan: sum_b ceil(q_len_b / 128) <= (total_q + 127 * batch_size) / 128 (floor is exact: the
   // left side is an integer).
   const long long max_items_ll =
       (static_cast<long long>(total_q) + 127LL * batch_size) / kBM;
-  if (max_items_ll * ctas_per_item > 0x7fffffffLL)  // the chosen split's CTAs per item
+  // persistent: units (32 per item) and tickets (< gridDim.x + n_units) must stay below 2^31.
+  if (max_items_ll * kUnitsPerItem + num_sms >= 0x7fffffffLL)
     return static_cast<int>(cudaErrorInvalidValue);
   const int max_items = static_cast<int>(max_items_ll);
   if (static_cast<size_t>(max_items) > items_cap) {
@@ -682,18 +735,16 @@ extern "C" int gqa_prefill(const __nv_bfloat16* q, const __nv_bfloat16* k,
   }
 
   gqa_prefill_plan_kernel<<<1, kPlanThreads, 0, stream>>>(qo_indptr, kv_indptr, batch_size, items,
-                                                         max_items);
+                                                         max_items, sched);
   if ((err = cudaGetLastError()) != cudaSuccess) return static_cast<int>(err);
 
   const float scale_log2 =
       static_cast<float>(1.4426950408889634 / std::sqrt(static_cast<double>(kD)));
-  // The chosen split's grid and instantiation.
-  const unsigned grid = static_cast<unsigned>(max_items) * static_cast<unsigned>(ctas_per_item);
-  if (four_heads)
-    gqa_prefill_kernel<4><<<grid, kThreads, kSmemBytes, stream>>>(
-        tmQ, tmK, tmV, qo_indptr, kv_indptr, items, o, lse, scale_log2);
-  else
-    gqa_prefill_kernel<2><<<grid, kThreads, kSmemBytes, stream>>>(
-        tmQ, tmK, tmV, qo_indptr, kv_indptr, items, o, lse, scale_log2);
+  // persistent: one CTA per SM, never more than the host bound on the units (step 3).
+  const long long units_bound = max_items_ll * kUnitsPerItem;
+  const unsigned grid =
+      static_cast<unsigned>(units_bound < num_sms ? units_bound : static_cast<long long>(num_sms));
+  gqa_prefill_persistent_kernel<<<grid, kThreads, kSmemBytes, stream>>>(
+      tmQ, tmK, tmV, qo_indptr, kv_indptr, items, sched, o, lse, scale_log2);
   return static_cast<int>(cudaGetLastError());
 }

@@ -49,6 +49,7 @@ from deskcheck import (
     interleave,
     negative_controls,
     require,
+    require_continuous_rings,
 )
 
 HERE = Path(__file__).resolve().parent
@@ -118,13 +119,7 @@ MIRRORED = [
 
 def check_source() -> None:
     assert_mirrored(SRC, MIRRORED, "persistent kernel")
-    source = flat(SRC)
-    # the hand-over arrive: exactly the two unconditional ones (prologue, loop), none skipped
-    arrives = source.count("ptx::named_bar_arrive(kTurnBar + (1 - g), 256);")
-    require(arrives == 2, f"{arrives} hand-over arrives, want 2 (prologue and loop)")
-    require("if (!(g == 1" not in source, "a skipped hand-over is back in the source")
-    require(source.count("if (++kst == kStages) { kst = 0; kph ^= 1u; }") == 3, "kst advances")
-    require(source.count("if (++vst == kStages) { vst = 0; vph ^= 1u; }") == 3, "vst advances")
+    require_continuous_rings(flat(SRC))
 
 
 # ------------------------------------------------------------------------- kernel arithmetic

@@ -1,5 +1,8 @@
-"""Desk checks for examples/expert/gqa_prefill.cu (CPU only, numpy). Written while the
-kernel was a draft in this folder; it stays here because it imports this folder's deskcheck.py.
+"""Desk checks for the non-persistent GQA prefill kernel (CPU only, numpy), which
+examples/expert/gqa_prefill.cu held until 2026-12-03 (git history). Its plan, mask and tile
+models (1-3) still hold for the persistent kernel that replaced it, whose schedule
+gqa_prefill_persistent_check.py checks; 4 and 5 model the earlier CTA-per-item schedule. It stays
+here because it imports this folder's deskcheck.py.
 
 1. plan / work decomposition: the plan kernel's counting sort and the CTA -> (tile, heads) map,
    for the task's 5 workloads and odd cases: every (sequence, query row, query head) written
