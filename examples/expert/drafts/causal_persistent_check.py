@@ -14,14 +14,16 @@ kSectionWaves) are read from the source's `constexpr` definitions.
    the unit count), in random draw orders, resets the counter exactly once per launch and at its
    last draw, so that back-to-back launches each cover everything.
 2. Barrier model: several CTAs, each a producer and 2 consumers as generator actors, TMA copies as
-   asynchronous actors, all sharing one ticket counter, in random interleavings (deskcheck.py's
-   MBar / NamedBarriers / interleave), over problems whose units have n_kv = 1 .. n_q, plus CTAs
-   fed fixed unit sequences (n_kv = 1 runs, alternating 1 and long): no deadlock; each S GEMM reads
-   the expected unit's Q and the expected K tile, each P V the expected V tile, and no TMA lands
-   in a buffer a wgmma of the CTA is still reading; each consumer reads from the unit slot the
-   unit the producer published; the ping-pong turns strictly alternate 0, 1, 0, 1 .. across unit
-   boundaries, no named-barrier generation gets two arrivals of one consumer, and none is left
-   open at the end; every unit's O/LSE rows are written once by each consumer.
+   asynchronous actors, all sharing one ticket counter, in random interleavings (the shared model
+   of persistent_model.py over deskcheck.py's MBar / NamedBarriers / interleave; this kernel's
+   unit decode, slot, tags, rows and ticket draw in CausalUnits), over problems whose units have
+   n_kv = 1 .. n_q, plus CTAs fed fixed unit sequences (n_kv = 1 runs, alternating 1 and long):
+   no deadlock; each S GEMM reads the expected unit's Q and the expected K tile, each P V the
+   expected V tile, and no TMA lands in a buffer a wgmma of the CTA is still reading; each
+   consumer reads from the unit slot the unit the producer published; the ping-pong turns
+   strictly alternate 0, 1, 0, 1 .. across unit boundaries, no named-barrier generation gets two
+   arrivals of one consumer, and none is left open at the end; every unit's O/LSE rows are
+   written once by each consumer.
    Negative controls (deliberate bugs that must be caught): no q_empty wait before the next Q,
    ring counters reset per unit, the shipped kernel's skipped last hand-over without re-priming,
    no final sync, reset on the wrong ticket.
@@ -34,23 +36,20 @@ Exits non-zero on any failure. Run: python3 examples/expert/drafts/causal_persis
 from __future__ import annotations
 
 import heapq
-import itertools
 import random
 import sys
 from pathlib import Path
 
 from deskcheck import (
     CheckError,
-    MBar,
-    NamedBarriers,
     assert_mirrored,
     constexprs,
     flat,
-    interleave,
     negative_controls,
     require,
     require_continuous_rings,
 )
+from persistent_model import UnitSchedule, UnitWork, run_ctas
 
 HERE = Path(__file__).resolve().parent
 KERNEL = HERE.parent / "mha_fwd_causal_d128.cu"
@@ -61,7 +60,6 @@ BM = 128
 
 C = constexprs(SRC)
 STAGES, EMPTY_ARRIVALS, SECTION_WAVES = C["kStages"], C["kEmptyArrivals"], C["kSectionWaves"]
-WARPS = EMPTY_ARRIVALS // 2  # arrivals per consumer warpgroup (one per warp)
 
 MIRRORED = [
     # decode_unit
@@ -267,190 +265,42 @@ def check_decomposition() -> None:
 
 
 # -------------------------------------------------------------------------- 2. barrier model
-def cta_actors(p, cid, counter, actors, log, rng, bug=None, fixed_units=None):
-    """Producer + 2 consumers of CTA `cid` (plus TMA actors spawned into `actors`)."""
-    q_full, q_empty = MBar(1), MBar(EMPTY_ARRIVALS)
-    k_full = [MBar(1) for _ in range(STAGES)]
-    k_empty = [MBar(EMPTY_ARRIVALS) for _ in range(STAGES)]
-    v_full = [MBar(1) for _ in range(STAGES)]
-    v_empty = [MBar(EMPTY_ARRIVALS) for _ in range(STAGES)]
-    data = {}  # buffer -> tag of what TMA wrote there
-    readers = {}  # buffer -> wgmma groups in flight reading it
-    slot = [None]
-    named = NamedBarriers()
-    published = []  # units in the order the producer published them
-    turns = []  # consumer whose turn each named-barrier turn was
+class CausalUnits(UnitSchedule):
+    """This kernel's side of persistent_model's barrier model: the unit slot holds the unit index,
+    from which the consumers decode n_kv = qt + 1 themselves; the copies are tagged with the unit
+    and the K/V tile (qt - i for the i-th); each consumer's epilogue writes (unit, g) once; the
+    producer stops at the first unit >= n_units and draws a ticket (atomicAdd and its reset) in one
+    step. Planted here: the reset on the wrong ticket (Counter.draw)."""
 
-    def tma(buf, tag, bar):
-        for _ in range(rng.randrange(4)):
-            yield True
-        require(not readers.get(buf), f"CTA {cid}: TMA into {buf} while a wgmma reads it")
-        data[buf] = tag
-        bar.complete_tx(1)
-        yield True
+    stages, empty_arrivals = STAGES, EMPTY_ARRIVALS
+    p: Problem
+    counter: Counter
 
-    def read(buf, want, what):
-        require(
-            data.get(buf) == want, f"CTA {cid} {what}: {buf} holds {data.get(buf)}, want {want}"
-        )
-        readers[buf] = readers.get(buf, 0) + 1
+    def at_end(self, unit: int) -> bool:
+        return unit >= self.p.n_units
 
-    def retire(buf, want, what):
-        require(data.get(buf) == want, f"CTA {cid} {what}: {buf} overwritten while read")
-        readers[buf] -= 1
+    def next_unit(self):
+        yield from ()  # no actor step: the draw and its reset are one step in this model
+        return self.p.grid + self.counter.draw(self.p.n_units, self.bug)
 
-    def producer():
-        kst = vst = kph = vph = 0
-        unit = cid if fixed_units is None else 0
-        it = 0
-        while True:
-            if bug != "no-q-empty-wait":
-                yield ("wait", q_empty, (it & 1) ^ 1)
-            end = unit >= p.n_units if fixed_units is None else unit >= len(fixed_units)
-            if end:
-                slot[0] = -1
-                q_full.arrive()
-                return
-            u = unit if fixed_units is None else fixed_units[unit]
-            slot[0] = u
-            pos = len(published)  # data tags carry the position too: a repeated unit still differs
-            published.append(u)
-            _b, _h, qt = p.unit(u)
-            n_kv = qt + 1
-            q_full.arrive(expect_tx=1)
-            actors.append(tma("Q", (pos, u), q_full))
-            yield True
-            for i in range(n_kv):
-                yield ("wait", k_empty[kst], kph ^ 1)
-                k_full[kst].arrive(expect_tx=1)
-                actors.append(tma(("K", kst), (pos, u, qt - i), k_full[kst]))
-                kst, kph = (0, kph ^ 1) if kst + 1 == STAGES else (kst + 1, kph)
-                yield ("wait", v_empty[vst], vph ^ 1)
-                v_full[vst].arrive(expect_tx=1)
-                actors.append(tma(("V", vst), (pos, u, qt - i), v_full[vst]))
-                vst, vph = (0, vph ^ 1) if vst + 1 == STAGES else (vst + 1, vph)
-                yield True
-            if fixed_units is None:
-                unit = p.grid + counter.draw(p.n_units, bug)
-            else:
-                unit += 1
-            it += 1
+    def work(self, u: int, pos: int) -> UnitWork:
+        _b, _h, qt = self.p.unit(u)
+        return UnitWork(q_tag=(pos, u), kv_key=(pos, u), n_kv=qt + 1, rows=lambda g: [(u, g)])
 
-    def consumer(g):
-        kst = vst = kph = vph = 0
-        mine = 1 + g  # kTurnBar + g
-        other = 2 - g  # kTurnBar + (1 - g)
+    def publish(self, unit: int, pos: int) -> tuple[int, UnitWork]:
+        return unit, self.work(unit, pos)
 
-        def arrive_warps(bar):
-            for _ in range(WARPS):
-                bar.arrive()
-
-        def turn():
-            yield from named.sync(mine, g, 2)
-            turns.append(g)
-
-        if g == 1:
-            named.arrive(1, g, 2)  # priming, once per CTA
-        it = 0
-        reads = 0
-        while True:
-            yield ("wait", q_full, it & 1)
-            u = slot[0]
-            if u is None or u < 0:
-                if u is None:
-                    raise CheckError(f"CTA {cid}: consumer {g} read an unwritten slot")
-                require(reads == len(published), f"CTA {cid}: consumer {g} ends early")
-                if g == 0 and bug != "no-final-sync":
-                    yield from turn()
-                return
-            require(
-                reads < len(published) and published[reads] == u,
-                f"CTA {cid}: consumer {g} read unit {u} from the slot, want "
-                f"{published[reads] if reads < len(published) else None}",
-            )
-            pos = reads
-            reads += 1
-            _b, _h, qt = p.unit(u)
-            n_kv = qt + 1
-            if bug == "ring-reset-per-unit":
-                kst = vst = kph = vph = 0
-            # prologue
-            yield ("wait", k_full[kst], kph)
-            yield from turn()
-            read("Q", (pos, u), "S GEMM")
-            read(("K", kst), (pos, u, qt), "S GEMM")
-            skip = bug == "skip-last-handover" and g == 1 and n_kv == 1
-            if not skip:
-                named.arrive(other, g, 2)
-            yield True
-            retire("Q", (pos, u), "S GEMM")
-            retire(("K", kst), (pos, u, qt), "S GEMM")
-            arrive_warps(k_empty[kst])
-            if n_kv == 1:
-                arrive_warps(q_empty)
-            kst, kph = (0, kph ^ 1) if kst + 1 == STAGES else (kst + 1, kph)
-            yield True
-            for j in range(1, n_kv):
-                yield ("wait", k_full[kst], kph)
-                yield from turn()
-                read("Q", (pos, u), "S GEMM")
-                read(("K", kst), (pos, u, qt - j), "S GEMM")
-                yield ("wait", v_full[vst], vph)
-                read(("V", vst), (pos, u, qt - j + 1), "P V")
-                skip = bug == "skip-last-handover" and g == 1 and j == n_kv - 1
-                if not skip:
-                    named.arrive(other, g, 2)
-                yield True
-                retire("Q", (pos, u), "S GEMM")  # wgmma_wait<1>: G_S(j) retired
-                retire(("K", kst), (pos, u, qt - j), "S GEMM")
-                arrive_warps(k_empty[kst])
-                if j == n_kv - 1:
-                    arrive_warps(q_empty)
-                kst, kph = (0, kph ^ 1) if kst + 1 == STAGES else (kst + 1, kph)
-                yield True  # softmax
-                if j + 1 < n_kv:
-                    yield ("wait", k_full[kst], kph)
-                retire(("V", vst), (pos, u, qt - j + 1), "P V")  # wgmma_wait<0>: G_PV(j-1) retired
-                arrive_warps(v_empty[vst])
-                vst, vph = (0, vph ^ 1) if vst + 1 == STAGES else (vst + 1, vph)
-                yield True
-            # tail
-            yield ("wait", v_full[vst], vph)
-            read(("V", vst), (pos, u, 0), "P V (tail)")
-            yield True
-            retire(("V", vst), (pos, u, 0), "P V (tail)")
-            arrive_warps(v_empty[vst])
-            vst, vph = (0, vph ^ 1) if vst + 1 == STAGES else (vst + 1, vph)
-            log.append((u, g))  # epilogue: this consumer's 64 rows of unit u
-            yield True
-            it += 1
-
-    actors += [producer(), consumer(0), consumer(1)]
-
-    def final():
-        require(named.balanced(), f"CTA {cid}: a named-barrier generation is left open")
-        alternating = all(a != b for a, b in itertools.pairwise(turns))
-        require(alternating, f"CTA {cid}: turns {turns[:12]}..")
-        require(not turns or turns[0] == 0, f"CTA {cid}: consumer 1 issued first")
-        want = sum(p.unit(u)[2] + 1 for u in published)
-        require(len(turns) == 2 * want + 1, f"CTA {cid}: {len(turns)} turns for {want} blocks")
-        return len(published)
-
-    return final
+    def receive(self, slot: object, unit: int, pos: int) -> UnitWork:
+        require(slot == unit, f"a consumer read unit {slot} from the slot, want {unit}")
+        return self.work(unit, pos)
 
 
 def run_barrier_model(p, seed, bug=None, fixed=None):
     """All CTAs of one launch (or one CTA per fixed unit sequence), random interleaving."""
-    rng = random.Random(seed)
     counter = Counter()
-    actors, log, finals = [], [], []
     ctas = range(p.grid) if fixed is None else range(len(fixed))
-    for cid in ctas:
-        seq = None if fixed is None else fixed[cid]
-        finals.append(cta_actors(p, cid, counter, actors, log, rng, bug, seq))
-    if not interleave(actors, rng, max_steps=2_000_000):
-        raise CheckError(f"deadlock (seed {seed})")
-    units_per_cta = [f() for f in finals]
+    units = CausalUnits(p, counter, bug)
+    units_per_cta, log = run_ctas(units, ctas, seed, max_steps=2_000_000, fixed=fixed)
     if fixed is None:
         want = sorted((u, g) for u in range(p.n_units) for g in (0, 1))
         require(sorted(log) == want, "a unit's rows are not written exactly once per consumer")

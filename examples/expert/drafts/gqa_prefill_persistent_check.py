@@ -21,8 +21,9 @@ b. Counter: the launch's CTAs draw tickets in random orders (first unit = blockI
    leaves out the plan kernel's re-zeroing (the kernel's second guard), so the self-reset is
    checked on its own.
 c. Barrier model: several CTAs (producer + 2 consumers each, TMA copies as asynchronous actors,
-   one shared counter) over deskcheck.py's MBar / NamedBarriers / interleave, in random
-   interleavings, over problems with n_kv 1 .. 11 per unit and grids above and below the unit
+   one shared counter; the shared model of persistent_model.py over deskcheck.py's MBar /
+   NamedBarriers / interleave, this kernel's slot, tags, rows and ticket draw in GqaUnits), in
+   random interleavings, over problems with n_kv 1 .. 11 per unit and grids above and below the unit
    count, plus CTAs fed fixed unit sequences (n_kv = 1 runs, n_kv alternating 1 and long): no
    deadlock, each S GEMM reads the expected unit's Q and K tile, each P V the expected V tile, no
    TMA lands in a buffer a wgmma still reads, the slot holds the unit the producer published,
@@ -39,24 +40,21 @@ Exits non-zero on any failure. Run: python3 examples/expert/drafts/gqa_prefill_p
 from __future__ import annotations
 
 import heapq
-import itertools
 import random
 import sys
 from pathlib import Path
 
 from deskcheck import (
     CheckError,
-    MBar,
-    NamedBarriers,
     assert_mirrored,
     constexprs,
     flat,
-    interleave,
     negative_controls,
     require,
     require_continuous_rings,
 )
 from gqa_prefill_check import BM, GROUP, NKVH, NQH, WORKLOADS, plan, tile_n_kv
+from persistent_model import UnitSchedule, UnitWork, run_ctas
 
 HERE = Path(__file__).resolve().parent
 KERNEL = HERE.parent / "gqa_prefill.cu"
@@ -65,7 +63,6 @@ NSM = 132
 
 C = constexprs(SRC)
 STAGES, EMPTY_ARRIVALS, UNITS_PER_ITEM = C["kStages"], C["kEmptyArrivals"], C["kUnitsPerItem"]
-WARPS = EMPTY_ARRIVALS // 2  # arrivals per consumer warpgroup (one per warp)
 
 MIRRORED = [
     # plan: the tile count for the attention kernel
@@ -285,189 +282,61 @@ def check_decomposition() -> None:
 
 
 # ---------------------------------------------------------------------- c. barrier model
-def cta_actors(p, cid, counter, actors, log, rng, bug=None, fixed_units=None):
-    q_full, q_empty = MBar(1), MBar(EMPTY_ARRIVALS)
-    k_full = [MBar(1) for _ in range(STAGES)]
-    k_empty = [MBar(EMPTY_ARRIVALS) for _ in range(STAGES)]
-    v_full = [MBar(1) for _ in range(STAGES)]
-    v_empty = [MBar(EMPTY_ARRIVALS) for _ in range(STAGES)]
-    data, readers = {}, {}
-    slot = [None]
-    named = NamedBarriers()
-    published = []
-    turns = []
+class GqaUnits(UnitSchedule):
+    """This kernel's side of persistent_model's barrier model: the unit slot holds (h, t, q_start,
+    q_len, kv_len), from which the consumers derive n_kv with tile_n_kv themselves; Q copies are
+    tagged with (sequence, tile, head), K/V copies with (sequence, KV head, block); consumer g's
+    epilogue writes (sequence, row, head) for its 64 rows below q_len. The producer stops at the
+    first unit >= n_units and draws a ticket in two steps (atomicAdd, then the atomicExch reset
+    by the drawer of ticket n_units - 1; other CTAs may draw in between). Planted here: the reset
+    on the wrong ticket and the end test on the host bound (reset_ticket, end_bound)."""
 
-    def tma(buf, tag, bar):
-        for _ in range(rng.randrange(4)):
-            yield True
-        require(not readers.get(buf), f"CTA {cid}: TMA into {buf} while a wgmma reads it")
-        data[buf] = tag
-        bar.complete_tx(1)
-        yield True
+    stages, empty_arrivals = STAGES, EMPTY_ARRIVALS
+    p: Problem
+    counter: Counter
 
-    def read(buf, want, what):
-        require(data.get(buf) == want, f"CTA {cid} {what}: {buf} has {data.get(buf)}, want {want}")
-        readers[buf] = readers.get(buf, 0) + 1
+    def at_end(self, unit: int) -> bool:
+        return unit >= end_bound(self.p, self.bug)
 
-    def retire(buf, want, what):
-        require(data.get(buf) == want, f"CTA {cid} {what}: {buf} overwritten while read")
-        readers[buf] -= 1
+    def next_unit(self):
+        ticket = self.counter.add()
+        yield True  # another CTA may draw between the add and the reset
+        if ticket == reset_ticket(self.p, self.bug):
+            self.counter.exch0()
+        return self.p.grid + ticket
 
-    def producer():
-        kst = vst = kph = vph = 0
-        idx = 0
-        unit = cid if fixed_units is None else fixed_units[0]
-        it = 0
-        while True:
-            if bug != "no-q-empty-wait":
-                yield ("wait", q_empty, (it & 1) ^ 1)
-            end = unit >= end_bound(p, bug) if fixed_units is None else idx >= len(fixed_units)
-            if end:
-                slot[0] = -1
-                q_full.arrive()
-                return
-            b, t, h, kvh, n_kv = p.unit(unit)
-            require(b >= 0, f"CTA {cid}: producer processes dead unit {unit}")
-            pos = len(published)
-            slot[0] = (h, t, p.q_start[b], p.qls[b], p.kls[b])
-            published.append(unit)
-            q_full.arrive(expect_tx=1)
-            actors.append(tma("Q", (pos, b, t, h), q_full))
-            yield True
-            for i in range(n_kv):
-                tag = (pos, b, kvh, n_kv - 1 - i)
-                yield ("wait", k_empty[kst], kph ^ 1)
-                k_full[kst].arrive(expect_tx=1)
-                actors.append(tma(("K", kst), tag, k_full[kst]))
-                kst, kph = (0, kph ^ 1) if kst + 1 == STAGES else (kst + 1, kph)
-                yield ("wait", v_empty[vst], vph ^ 1)
-                v_full[vst].arrive(expect_tx=1)
-                actors.append(tma(("V", vst), tag, v_full[vst]))
-                vst, vph = (0, vph ^ 1) if vst + 1 == STAGES else (vst + 1, vph)
-                yield True
-            if fixed_units is None:
-                ticket = counter.add()
-                yield True  # another CTA may draw between the add and the reset
-                if ticket == reset_ticket(p, bug):
-                    counter.exch0()
-                unit = p.grid + ticket
-            else:
-                idx += 1
-                unit = fixed_units[idx] if idx < len(fixed_units) else -1
-            it += 1
+    def slot_of(self, unit: int) -> tuple[int, int, int, int, int]:
+        """What the producer writes in the unit slot: h, t, q_start, q_len, kv_len."""
+        p = self.p
+        b, t, h, _kvh, _n_kv = p.unit(unit)
+        return h, t, p.q_start[b], p.qls[b], p.kls[b]
 
-    def consumer(g):
-        kst = vst = kph = vph = 0
-        mine, other = 1 + g, 2 - g
+    def publish(self, unit: int, pos: int) -> tuple[tuple, UnitWork]:
+        b, t, h, kvh, n_kv = self.p.unit(unit)
+        require(b >= 0, f"producer processes dead unit {unit}")
+        return self.slot_of(unit), UnitWork(q_tag=(pos, b, t, h), kv_key=(pos, b, kvh), n_kv=n_kv)
 
-        def arrive_warps(bar):
-            for _ in range(WARPS):
-                bar.arrive()
+    def receive(self, slot: object, unit: int, pos: int) -> UnitWork:
+        b, _t, _h, kvh, _n_kv = self.p.unit(unit)
+        require(slot == self.slot_of(unit), f"slot {slot}, want {self.slot_of(unit)}")
+        h, t, _q_start, q_len, kv_len = slot
+        n_kv = tile_n_kv(t, q_len, kv_len)  # the consumers' own n_kv, from the slot
 
-        def turn():
-            yield from named.sync(mine, g, 2)
-            turns.append(g)
+        def rows(g: int) -> list[tuple[int, int, int]]:  # epilogue: rows below q_len
+            return [(b, r, h) for r in range(BM * t + 64 * g, min(BM * t + 64 * g + 64, q_len))]
 
-        if g == 1:
-            named.arrive(1, g, 2)  # priming, once per CTA
-        it = reads = 0
-        while True:
-            yield ("wait", q_full, (0 if bug == "q-parity-reset" else it) & 1)
-            s = slot[0]
-            if s is None:
-                raise CheckError(f"CTA {cid}: consumer {g} read an unwritten slot")
-            if s == -1:
-                require(reads == len(published), f"CTA {cid}: consumer {g} ends early")
-                if g == 0 and bug != "no-final-sync":
-                    yield from turn()
-                return
-            require(reads < len(published), f"CTA {cid}: consumer {g} read a stale slot")
-            u = published[reads]
-            b, t, h, kvh, _n = p.unit(u)
-            require(s == (h, t, p.q_start[b], p.qls[b], p.kls[b]), f"CTA {cid}: slot {s}")
-            h, t, _q_start, q_len, kv_len = s
-            n_kv = tile_n_kv(t, q_len, kv_len)  # the consumers' own n_kv, from the slot
-            pos = reads
-            reads += 1
-            if bug == "ring-reset-per-unit":
-                kst = vst = kph = vph = 0
-            qtag = (pos, b, t, h)
-            # prologue
-            yield ("wait", k_full[kst], kph)
-            yield from turn()
-            read("Q", qtag, "S GEMM")
-            read(("K", kst), (pos, b, kvh, n_kv - 1), "S GEMM")
-            if not (bug == "skip-last-handover" and g == 1 and n_kv == 1):
-                named.arrive(other, g, 2)
-            yield True
-            retire("Q", qtag, "S GEMM")
-            retire(("K", kst), (pos, b, kvh, n_kv - 1), "S GEMM")
-            arrive_warps(k_empty[kst])
-            if n_kv == 1:
-                arrive_warps(q_empty)
-            kst, kph = (0, kph ^ 1) if kst + 1 == STAGES else (kst + 1, kph)
-            yield True
-            for j in range(1, n_kv):
-                yield ("wait", k_full[kst], kph)
-                yield from turn()
-                read("Q", qtag, "S GEMM")
-                read(("K", kst), (pos, b, kvh, n_kv - 1 - j), "S GEMM")
-                yield ("wait", v_full[vst], vph)
-                read(("V", vst), (pos, b, kvh, n_kv - j), "P V")
-                if not (bug == "skip-last-handover" and g == 1 and j == n_kv - 1):
-                    named.arrive(other, g, 2)
-                yield True
-                retire("Q", qtag, "S GEMM")
-                retire(("K", kst), (pos, b, kvh, n_kv - 1 - j), "S GEMM")
-                arrive_warps(k_empty[kst])
-                if j == n_kv - 1:
-                    arrive_warps(q_empty)
-                kst, kph = (0, kph ^ 1) if kst + 1 == STAGES else (kst + 1, kph)
-                yield True  # softmax
-                if j + 1 < n_kv:
-                    yield ("wait", k_full[kst], kph)
-                retire(("V", vst), (pos, b, kvh, n_kv - j), "P V")
-                arrive_warps(v_empty[vst])
-                vst, vph = (0, vph ^ 1) if vst + 1 == STAGES else (vst + 1, vph)
-                yield True
-            yield ("wait", v_full[vst], vph)
-            read(("V", vst), (pos, b, kvh, 0), "P V (tail)")
-            yield True
-            retire(("V", vst), (pos, b, kvh, 0), "P V (tail)")
-            arrive_warps(v_empty[vst])
-            vst, vph = (0, vph ^ 1) if vst + 1 == STAGES else (vst + 1, vph)
-            for r in range(BM * t + 64 * g, min(BM * t + 64 * g + 64, q_len)):  # epilogue
-                log.append((b, r, h))
-            yield True
-            it += 1
-
-    actors += [producer(), consumer(0), consumer(1)]
-
-    def final():
-        require(named.balanced(), f"CTA {cid}: a named-barrier generation is left open")
-        require(all(a != b for a, b in itertools.pairwise(turns)), f"CTA {cid}: turns {turns[:12]}")
-        require(not turns or turns[0] == 0, f"CTA {cid}: consumer 1 issued first")
-        want = sum(p.unit(u)[4] for u in published)
-        require(len(turns) == 2 * want + 1, f"CTA {cid}: {len(turns)} turns for {want} blocks")
-        return len(published)
-
-    return final
+        return UnitWork(q_tag=(pos, b, t, h), kv_key=(pos, b, kvh), n_kv=n_kv, rows=rows)
 
 
 def run_barrier_model(p, seed, bug=None, fixed=None):
-    rng = random.Random(seed)
+    """All live CTAs of one launch (or one CTA per fixed unit sequence), random interleaving."""
     counter = Counter()
-    actors, log, finals = [], [], []
     if fixed is None:
         ctas = [c for c in range(p.grid) if c < end_bound(p, bug)]  # 0.: others leave at once
     else:
         ctas = range(len(fixed))
-    for cid in ctas:
-        seq = None if fixed is None else fixed[cid]
-        finals.append(cta_actors(p, cid, counter, actors, log, rng, bug, seq))
-    if not interleave(actors, rng, max_steps=3_000_000):
-        raise CheckError(f"deadlock (seed {seed})")
-    per_cta = [f() for f in finals]
+    units = GqaUnits(p, counter, bug)
+    per_cta, log = run_ctas(units, ctas, seed, max_steps=3_000_000, fixed=fixed)
     if fixed is None:
         require(len(log) == len(set(log)), "a row written twice")
         require(len(log) == sum(p.qls) * NQH, "rows missing")
