@@ -44,12 +44,11 @@ from deskcheck import (
     CheckError,
     assert_mirrored,
     constexprs,
-    flat,
     negative_controls,
     require,
-    require_continuous_rings,
+    run_checks,
 )
-from persistent_model import UnitSchedule, UnitWork, run_ctas
+from persistent_model import SYNC_LINES, UnitSchedule, UnitWork, check_protocol_source, run_ctas
 
 HERE = Path(__file__).resolve().parent
 KERNEL = HERE.parent / "mha_fwd_causal_d128.cu"
@@ -85,39 +84,25 @@ MIRRORED = [
     "const int first_heads = static_cast<int>(heads % sec);",
     "const long long units_ll = heads * n_q;",
     # producer
-    "int unit = static_cast<int>(blockIdx.x);",
-    "ptx::mbar_wait(q_empty, (it & 1u) ^ 1u);",
     "if (unit >= n_units) {",
     "*unit_slot = -1;",
     "*unit_slot = unit;",
     "const int n_kv = q_tile + 1;",
-    "for (int i = 0; i < n_kv; ++i) {",
     "const int tok = kv_tok0 + (q_tile - i) * kBN;",
-    "ptx::mbar_wait(&k_empty[kst], kph ^ 1u);",
-    "ptx::mbar_wait(&v_empty[vst], vph ^ 1u);",
     "const int ticket = atomicAdd(counter, 1);",
     "if (ticket == n_units - 1) atomicExch(counter, 0);",
     "unit = static_cast<int>(gridDim.x) + ticket;",
     # consumers
-    "if (g == 1) ptx::named_bar_arrive(kTurnBar + 0, 256);",
-    "ptx::mbar_wait(q_full, it & 1u);",
     "const int unit = *unit_slot;",
     "if (unit < 0) {",
-    "if (g == 0) ptx::named_bar_sync(kTurnBar + 0, 256);",
     "const int n_kv = q_tile + 1;  // >= 1; the K/V tile of block j is q_tile - j",
-    "ptx::named_bar_sync(kTurnBar + g, 256);",
-    "if (n_kv == 1) ptx::mbar_arrive(q_empty);",
-    "for (int j = 1; j < n_kv; ++j) {",
-    "if (j == n_kv - 1) ptx::mbar_arrive(q_empty);",
-    "if (j + 1 < n_kv) ptx::mbar_wait(&k_full[kst], kph);",
-    "if (warp_leader) ptx::mbar_arrive(&v_empty[vst]);",
     "const int row0 = q_tile * kBM + static_cast<int>(g * 64u + r0);",
 ]
 
 
 def check_source() -> None:
     assert_mirrored(SRC, MIRRORED, "persistent kernel")
-    require_continuous_rings(flat(SRC))
+    check_protocol_source(SRC)
 
 
 # ------------------------------------------------------------------------- kernel arithmetic
@@ -496,22 +481,17 @@ def check_schedule() -> None:
     )
 
 
-def main() -> int:
-    try:
-        check_source()
-        print(
-            f"0. source: {KERNEL.name}: kStages={STAGES} kEmptyArrivals={EMPTY_ARRIVALS} "
-            f"kSectionWaves={SECTION_WAVES}; {len(MIRRORED)} mirrored lines present"
-        )
-        check_decomposition()
-        check_barriers()
-        check_schedule()
-    except CheckError as e:
-        print(f"CHECK FAILED: {e}")
-        return 1
-    print("ALL CHECKS OK")
-    return 0
+def checks() -> None:
+    check_source()
+    print(
+        f"0. source: {KERNEL.name}: kStages={STAGES} kEmptyArrivals={EMPTY_ARRIVALS} "
+        f"kSectionWaves={SECTION_WAVES}; "
+        f"{len(MIRRORED) + len(SYNC_LINES)} mirrored lines present"
+    )
+    check_decomposition()
+    check_barriers()
+    check_schedule()
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_checks(checks))

@@ -34,6 +34,18 @@ class CheckError(Exception):
     pass
 
 
+def run_checks(checks: Callable[[], None]) -> int:
+    """A desk check's exit status: runs ``checks``, prints the first failed check (1) or
+    ALL CHECKS OK (0)."""
+    try:
+        checks()
+    except CheckError as e:
+        print(f"CHECK FAILED: {e}")
+        return 1
+    print("ALL CHECKS OK")
+    return 0
+
+
 def require(cond: bool, what: str) -> None:
     if not cond:
         raise CheckError(what)
@@ -64,17 +76,6 @@ def assert_mirrored(src: str, lines: Iterable[str], what: str) -> None:
     source = flat(src)
     for line in lines:
         require(flat(line) in source, f"{what}: mirrored line not in the source: {line}")
-
-
-def require_continuous_rings(source: str) -> None:
-    """The persistent FA3-style kernels' ring and ping-pong invariants in their flattened
-    ``source``: exactly the two unconditional hand-over arrives (prologue and loop, none skipped)
-    and the K and V ring counters each advanced at their three places."""
-    arrives = source.count("ptx::named_bar_arrive(kTurnBar + (1 - g), 256);")
-    require(arrives == 2, f"{arrives} hand-over arrives, want 2 (prologue and loop)")
-    require("if (!(g == 1" not in source, "a skipped hand-over is back in the source")
-    require(source.count("if (++kst == kStages) { kst = 0; kph ^= 1u; }") == 3, "kst advances")
-    require(source.count("if (++vst == kStages) { vst = 0; vph ^= 1u; }") == 3, "vst advances")
 
 
 def bf16(x: np.ndarray) -> np.ndarray:

@@ -45,6 +45,7 @@ from deskcheck import (
     interleave,
     negative_controls,
     require,
+    run_checks,
     tma_box64,
 )
 
@@ -321,26 +322,20 @@ def check_sync(runs: int) -> None:
     )
 
 
-def main() -> int:
-    try:
-        check_source()
-        print(
-            f"0. source: {KERNEL.name}: {len(MIRRORED)} mirrored lines present; "
-            f"smem {SMEM} B of {MAX_SMEM} "
-            f"(staging {CONSUMERS} x {STAGING} B at {TILE_BYTES})"
-        )
-        check_layout()
-        check_sync(300)
-        require(
-            negative_controls(SYNC_BUGS, 60, lambda bug, r: bool(sync_run(r, bug))),
-            "a synchronisation negative control was not caught",
-        )
-    except CheckError as e:
-        print(f"CHECK FAILED: {e}")
-        return 1
-    print("ALL CHECKS OK")
-    return 0
+def checks() -> None:
+    check_source()
+    print(
+        f"0. source: {KERNEL.name}: {len(MIRRORED)} mirrored lines present; "
+        f"smem {SMEM} B of {MAX_SMEM} "
+        f"(staging {CONSUMERS} x {STAGING} B at {TILE_BYTES})"
+    )
+    check_layout()
+    check_sync(300)
+    require(
+        negative_controls(SYNC_BUGS, 60, lambda bug, r: bool(sync_run(r, bug))),
+        "a synchronisation negative control was not caught",
+    )
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_checks(checks))

@@ -48,13 +48,12 @@ from deskcheck import (
     CheckError,
     assert_mirrored,
     constexprs,
-    flat,
     negative_controls,
     require,
-    require_continuous_rings,
+    run_checks,
 )
 from gqa_prefill_check import BM, GROUP, NKVH, NQH, WORKLOADS, plan, tile_n_kv
-from persistent_model import UnitSchedule, UnitWork, run_ctas
+from persistent_model import SYNC_LINES, UnitSchedule, UnitWork, check_protocol_source, run_ctas
 
 HERE = Path(__file__).resolve().parent
 KERNEL = HERE.parent / "gqa_prefill.cu"
@@ -72,9 +71,7 @@ MIRRORED = [
     "const int n_units = kUnitsPerItem * sched[kSchedItems];",
     "if (static_cast<int>(blockIdx.x) >= n_units) return;",
     # producer
-    "int unit = static_cast<int>(blockIdx.x);",
     "int2 itm = items[unit / kUnitsPerItem];",
-    "ptx::mbar_wait(q_empty, (it & 1u) ^ 1u);",
     "if (unit >= n_units) {",
     "slot[0] = -1;",
     "ptx::mbar_arrive(q_full);",
@@ -85,30 +82,18 @@ MIRRORED = [
     "slot[0] = h; slot[1] = t; slot[2] = q_start; slot[3] = q_len; slot[4] = kv_len;",
     "const int q_tok = q_start + t * kBM;",
     "ptx::tma_load_3d(sQ, &tmQ, q_full, 0, h, q_tok);",
-    "for (int i = 0; i < n_kv; ++i) {",
     "const int tok = kv_start + (n_kv - 1 - i) * kBN;",
-    "ptx::mbar_wait(&k_empty[kst], kph ^ 1u);",
     "ptx::tma_load_3d(dk, &tmK, &k_full[kst], 0, kvh, tok);",
-    "ptx::mbar_wait(&v_empty[vst], vph ^ 1u);",
     "const int ticket = atomicAdd(&sched[kSchedCounter], 1);",
     "if (ticket == n_units - 1) atomicExch(&sched[kSchedCounter], 0);",
     "unit = static_cast<int>(gridDim.x) + ticket;",
     "if (unit < n_units) { itm = items[unit / kUnitsPerItem];",
     # consumers
-    "if (g == 1) ptx::named_bar_arrive(kTurnBar + 0, 256);",
-    "ptx::mbar_wait(q_full, it & 1u);",
     "const int h = slot[0];",
     "if (h < 0) {",
-    "if (g == 0) ptx::named_bar_sync(kTurnBar + 0, 256);",
     "const int t = slot[1]; const int q_start = slot[2]; const int q_len = slot[3];"
     " const int kv_len = slot[4];",
     "const int n_kv = tile_n_kv(t, q_len, kv_len); // >= 1",
-    "ptx::named_bar_sync(kTurnBar + g, 256);",
-    "if (n_kv == 1) ptx::mbar_arrive(q_empty);",
-    "for (int j = 1; j < n_kv; ++j) {",
-    "if (j == n_kv - 1) ptx::mbar_arrive(q_empty);",
-    "if (j + 1 < n_kv) ptx::mbar_wait(&k_full[kst], kph);",
-    "if (warp_leader) ptx::mbar_arrive(&v_empty[vst]);",
     "const int row0 = t * kBM + row_t;",
     "const bool ok0 = row0 < q_len;",
     # host
@@ -119,7 +104,7 @@ MIRRORED = [
 
 def check_source() -> None:
     assert_mirrored(SRC, MIRRORED, "persistent GQA prefill")
-    require_continuous_rings(flat(SRC))
+    check_protocol_source(SRC)
     require(UNITS_PER_ITEM == NQH, "one query head per unit")
     require(C["kSchedItems"] != C["kSchedCounter"] and C["kSchedItems"] < C["kSchedInts"], "sched")
     require(C["kSmemBytes"] <= 232448, "shared memory")
@@ -447,24 +432,18 @@ def check_schedule() -> None:
         require(persistent <= shipped * 1.001, f"{name}: persistent slower in the model")
 
 
-def main() -> int:
-    try:
-        check_source()
-        print(
-            f"0. source: {KERNEL.name}: kStages={STAGES} kEmptyArrivals={EMPTY_ARRIVALS} "
-            f"kUnitsPerItem={UNITS_PER_ITEM} kSmemBytes={C['kSmemBytes']}; "
-            f"{len(MIRRORED)} mirrored lines present"
-        )
-        check_decomposition()
-        check_barriers()
-        check_schedule()
-    except CheckError as e:
-        print(f"CHECK FAILED: {e}")
-        return 1
-    print("ALL CHECKS OK")
-    return 0
+def checks() -> None:
+    check_source()
+    print(
+        f"0. source: {KERNEL.name}: kStages={STAGES} kEmptyArrivals={EMPTY_ARRIVALS} "
+        f"kUnitsPerItem={UNITS_PER_ITEM} kSmemBytes={C['kSmemBytes']}; "
+        f"{len(MIRRORED) + len(SYNC_LINES)} mirrored lines present"
+    )
+    check_decomposition()
+    check_barriers()
+    check_schedule()
 
 
 if __name__ == "__main__":
     random.seed(1)
-    sys.exit(main())
+    sys.exit(run_checks(checks))

@@ -40,7 +40,7 @@ from collections.abc import Callable, Generator, Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from deskcheck import CheckError, MBar, NamedBarriers, interleave, require
+from deskcheck import CheckError, MBar, NamedBarriers, assert_mirrored, flat, interleave, require
 
 END = -1  # the unit slot's end marker (written by a producer at the end of the work list)
 
@@ -52,6 +52,40 @@ SYNC_BUGS = (
     "skip-last-handover",  # consumer 1 skips its hand-over arrival on a unit's last block
     "no-final-sync",  # consumer 0 leaves without the final turn
 )
+
+# The kernels' C++ lines this model mirrors (the same in both kernels): the default first unit,
+# the producer's q_empty wait and K/V loop over the two rings, the consumers' priming, q_full
+# wait, turns, q_empty and k_empty/v_empty arrivals and the final sync.
+SYNC_LINES = (
+    "int unit = static_cast<int>(blockIdx.x);",
+    "ptx::mbar_wait(q_empty, (it & 1u) ^ 1u);",
+    "for (int i = 0; i < n_kv; ++i) {",
+    "ptx::mbar_wait(&k_empty[kst], kph ^ 1u);",
+    "ptx::mbar_wait(&v_empty[vst], vph ^ 1u);",
+    "if (g == 1) ptx::named_bar_arrive(kTurnBar + 0, 256);",
+    "ptx::mbar_wait(q_full, it & 1u);",
+    "if (g == 0) ptx::named_bar_sync(kTurnBar + 0, 256);",
+    "ptx::named_bar_sync(kTurnBar + g, 256);",
+    "if (n_kv == 1) ptx::mbar_arrive(q_empty);",
+    "for (int j = 1; j < n_kv; ++j) {",
+    "if (j == n_kv - 1) ptx::mbar_arrive(q_empty);",
+    "if (j + 1 < n_kv) ptx::mbar_wait(&k_full[kst], kph);",
+    "if (warp_leader) ptx::mbar_arrive(&v_empty[vst]);",
+)
+
+
+def check_protocol_source(src: str) -> None:
+    """The protocol as this model has it, in a kernel's source ``src``: every line of
+    ``SYNC_LINES`` present, exactly the two unconditional hand-over arrives (prologue and loop,
+    none skipped), and the K and V ring counters each advanced at their three places."""
+    assert_mirrored(src, SYNC_LINES, "persistent protocol")
+    source = flat(src)
+    arrives = source.count("ptx::named_bar_arrive(kTurnBar + (1 - g), 256);")
+    require(arrives == 2, f"{arrives} hand-over arrives, want 2 (prologue and loop)")
+    require("if (!(g == 1" not in source, "a skipped hand-over is back in the source")
+    require(source.count("if (++kst == kStages) { kst = 0; kph ^= 1u; }") == 3, "kst advances")
+    require(source.count("if (++vst == kStages) { vst = 0; vph ^= 1u; }") == 3, "vst advances")
+
 
 Step = bool | tuple[str, MBar, int]  # what an actor yields to deskcheck.interleave
 Actor = Generator[Step, None, None]
