@@ -399,7 +399,13 @@ def main() -> None:
         help="the tasks whose workload reuse is measured, each with a kernel that solves it "
         "(default: the expert GEMM, MHA forward and GQA decode; --reuse alone: none)",
     )
-    parser.add_argument("--judge-concurrency", type=int, default=8)
+    parser.add_argument(
+        "--judge-concurrency",
+        type=int,
+        default=JudgeSettings.concurrency,
+        help="evaluations in flight in the judge (JudgeSettings.concurrency); at 16 "
+        "trajectories on the H200, 4 beat 6 and 8 (docs/benchmarks.md, twenty-sixth session)",
+    )
     parser.add_argument(
         "--spare-workers",
         type=int,
