@@ -87,22 +87,6 @@ static_assert(kHalfBytesB % 1024 == 0, "each multicast half must start on a swiz
 static_assert(kBoxBytesC % 1024 == 0, "each C box must start on a swizzle atom");
 static_assert(kSmemBytes <= 232448, "over the 227 KB per-block limit");
 
-// Remote arrive (count 1) on the mbarrier at the same offset in CTA `cta_rank` of the cluster, with
-// the default .release.cta semantics: CUTLASS's ClusterBarrier::arrive(cta_id, pred), in use in its
-// multicast GEMMs. The pack's ptx::mbar_arrive_cluster says .release.cluster, and nvcc 13.0 turns
-// that into MEMBAR.ALL.CTA + MEMBAR.ALL.GPU + ERRBAR + CGAERRBAR before every arrive: in the
-// consumers' k-loop, right after a tile's epilogue, that fence would wait for its stores to
-// reach the GPU scope. Nothing needs it: what the arrive publishes is "wgmma's async-proxy reads of
-// this stage have retired" (wgmma.wait_group), not generic writes a peer will read.
-__device__ __forceinline__ void mbar_arrive_remote(uint64_t* bar, uint32_t cta_rank) {
-  asm volatile(
-      "{\n.reg .b32 remAddr32;\n"
-      "mapa.shared::cluster.u32 remAddr32, %0, %1;\n"
-      "mbarrier.arrive.shared::cluster.b64 _, [remAddr32];\n}\n" ::"r"(ptx::smem_u32(bar)),
-      "r"(cta_rank)
-      : "memory");
-}
-
 // Cluster tile id -> (pair row p, n-tile), grouped kGroupM pair rows at a time (Triton's grouped
 // order; the last group may be shorter, so any number of pair rows works).
 __device__ __forceinline__ void cluster_tile_coords(int id, int n_pairs_m, int n_tiles_n, int& pair,
@@ -225,7 +209,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         // smem can be refilled. Lane 0 releases it in CTA 0 and lane 1 in CTA 1 (one remote
         // arrive each, in parallel): 2 warpgroups x 2 CTAs = the count 4 of every empty[s].
         ptx::wgmma_wait<1>();
-        if (kt > 0 && lane < kCluster) mbar_arrive_remote(&empty[previous], lane);
+        if (kt > 0 && lane < kCluster) ptx::mbar_arrive_cluster_cta(&empty[previous], lane);
         previous = stage;
         if (++stage == kStages) {
           stage = 0;
@@ -236,7 +220,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       ptx::fence_regs(acc);
       // The tile's last stage: every stage consumed is released exactly once per tile, so the
       // producer's k_tiles waits per tile stay matched across the persistent loop.
-      if (lane < kCluster) mbar_arrive_remote(&empty[previous], lane);
+      if (lane < kCluster) ptx::mbar_arrive_cluster_cta(&empty[previous], lane);
 
       // ---- 4. Epilogue: stmatrix into the staging buffer, TMA-store it to C. --------
       // The producer is already filling the next tile's stages meanwhile. Thread 0 of the

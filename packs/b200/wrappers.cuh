@@ -180,6 +180,21 @@ __device__ __forceinline__ void mbar_arrive_cluster(uint64_t* bar, uint32_t cta_
       : "memory");
 }
 
+// The same remote arrive with the default .release.cta semantics: for releasing a stage whose only
+// readers were the tensor cores or TMA (async proxy, already retired), not generic stores the peer
+// will read.
+// nvcc 13.0 puts MEMBAR.ALL.CTA + MEMBAR.ALL.GPU + ERRBAR + CGAERRBAR before a .release.cluster
+// arrive and nothing before this one: after an epilogue's stores, that MEMBAR.GPU waits for them.
+//   mbarrier.arrive.shared::cluster.b64 _, [remote];
+__device__ __forceinline__ void mbar_arrive_cluster_cta(uint64_t* bar, uint32_t cta_rank) {
+  asm volatile(
+      "{\n.reg .b32 remAddr32;\n"
+      "mapa.shared::cluster.u32 remAddr32, %0, %1;\n"
+      "mbarrier.arrive.shared::cluster.b64 _, [remAddr32];\n}\n" ::"r"(smem_u32(bar)),
+      "r"(cta_rank)
+      : "memory");
+}
+
 // mbarrier.test_wait{.sem}{.scope}{.shared{::cta}}.b64        waitComplete, [addr], state;
 // mbarrier.test_wait.parity{.sem}{.scope}{.shared{::cta}}.b64 waitComplete, [addr], phaseParity;
 // mbarrier.try_wait{.sem}{.scope}{.shared{::cta}}.b64         waitComplete, [addr], state

@@ -65,7 +65,7 @@ enum GemmResult : int {
   kGemmResults
 };
 
-// Shared memory of the cluster kernel: one [64][64] bf16 tile (no swizzle), two mbarriers and a
+// Shared memory of the cluster kernel: one [64][64] bf16 tile (no swizzle), three mbarriers and a
 // DSMEM mailbox word.
 constexpr uint32_t CL_TILE_BYTES = 64 * 64 * 2;
 constexpr uint32_t CL_OFF_BAR = CL_TILE_BYTES;
@@ -83,6 +83,7 @@ enum ClusterFlag : int {
   kCtarankOfBlock = 9,    // +blockIdx.x
   kProducerThreads = 11,  // threads that passed setmaxnreg.dec
   kConsumerThreads = 12,  // threads that passed setmaxnreg.inc
+  kRemoteArriveCta = 13,  // written by rank 0 once rank 1's .release.cta remote arrive completed
   kClusterFlags = 16
 };
 
@@ -302,20 +303,23 @@ __global__ void __launch_bounds__(128, 1)
 
 // Cluster of two CTAs, three warpgroups each: warpgroup 0 (producer, setmaxnreg.dec) has rank 0
 // multicast one TMA tile into both CTAs; warpgroups 1-2 (consumers, setmaxnreg.inc) wait for it
-// and copy it out; rank 1 arrives on rank 0's mbarrier remotely; each CTA writes its peer's
-// mailbox through DSMEM and reads it back; cluster special registers are recorded.
+// and copy it out; rank 1 arrives on two of rank 0's mbarriers remotely (release at cluster and
+// at CTA scope); each CTA writes its peer's mailbox through DSMEM and reads it back; cluster
+// special registers are recorded.
 __global__ void __launch_bounds__(384, 1)
     cluster_kernel(const __grid_constant__ CUtensorMap tmap_a, float* tiles, uint32_t* flags) {
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   uint8_t* sm = align_1024(smem_raw);
   uint64_t* full = reinterpret_cast<uint64_t*>(sm + CL_OFF_BAR);
   uint64_t* remote = full + 1;
+  uint64_t* remote_cta = full + 2;
   uint32_t* mailbox = reinterpret_cast<uint32_t*>(sm + CL_OFF_WORD);
   const uint32_t rank = ptx::cluster_ctarank();
 
   if (threadIdx.x == 0) {
     ptx::mbar_init(full, 1);
     ptx::mbar_init(remote, 1);
+    ptx::mbar_init(remote_cta, 1);
     ptx::fence_mbarrier_init();
   }
   __syncthreads();
@@ -344,9 +348,13 @@ __global__ void __launch_bounds__(384, 1)
     if (threadIdx.x == 128) {
       if (rank == 1) {
         ptx::mbar_arrive_cluster(remote, 0);
+        ptx::mbar_arrive_cluster_cta(remote_cta, 0);
       } else {
         ptx::mbar_wait_cluster(remote, 0);
         flags[kRemoteArrive] = 1234;
+        // CTA-scope wait, as examples/expert/gemm_cluster.cu waits on what this arrive releases.
+        ptx::mbar_wait(remote_cta, 0);
+        flags[kRemoteArriveCta] = 4321;
       }
     }
   }
@@ -592,6 +600,7 @@ int main() {
   }
   report("cluster_multicast_tma", err_multicast, 0.0);
   report_fact("mbarrier_remote_arrive", flags[kRemoteArrive], 1234);
+  report_fact("mbarrier_remote_arrive_cta", flags[kRemoteArriveCta], 4321);
   // Rank r's mailbox was written by rank r^1 with 100 + (r^1); each reads 100 + r from its peer.
   report_fact("dsmem_store_remote",
               flags[kDsmemStored + 0] * 1000LL + flags[kDsmemStored + 1], 101 * 1000LL + 100);

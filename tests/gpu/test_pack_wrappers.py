@@ -48,6 +48,7 @@ EXPECTED_CHECKS = [
     "tma_store_stmatrix_swizzle",
     "cluster_multicast_tma",
     "mbarrier_remote_arrive",
+    "mbarrier_remote_arrive_cta",
     "dsmem_store_remote",
     "dsmem_load_remote",
     "cluster_nctarank",

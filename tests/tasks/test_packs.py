@@ -72,6 +72,7 @@ _STORE_CALLS = r"""
     ptx::bulk_wait_group<0>();
     (void)ptx::mbar_arrive(bar + 1);
     ptx::mbar_arrive_cluster(bar + 1, ptx::cluster_ctarank());
+    ptx::mbar_arrive_cluster_cta(bar + 1, ptx::cluster_ctarank());
     if (ptx::mbar_try_wait(bar + 1, 1)) acc_u += 1;
 """
 
