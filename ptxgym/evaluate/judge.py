@@ -122,7 +122,10 @@ class JudgeSettings:
     iters: int = TIMED_CALLS
     trials: int = TRIALS
     # Evaluations in flight in the judge at once. Their GPU stages take turns (ptxgym.device.lock);
-    # their CPU stages (worker and tool start-up, report reading) overlap those of others.
+    # their CPU stages (worker and tool start-up, report reading) overlap those of others. More in
+    # flight only lengthens each one's waits for the GPU once it is busy: at 16 trajectories on
+    # the H200, 4 gave 2,113-2,242 evaluations/hour, 6 and 8 1,805-1,858 (docs/benchmarks.md,
+    # twenty-sixth session).
     concurrency: int = 4
     # Workers kept started ahead of need (each holds a CUDA context, about 0.9 GB of GPU memory).
     # A worker takes seconds to start (Python, torch, CUDA, CUPTI); with several started ahead,
