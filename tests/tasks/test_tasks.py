@@ -243,6 +243,17 @@ def test_invalid_yaml_names_the_file(envs_copy: Path) -> None:
         load_tasks(envs_copy)
 
 
+@pytest.mark.parametrize(
+    "path", sorted(paths.envs_dir().rglob("*.yaml")), ids=lambda path: path.name
+)
+def test_libyamls_loader_reads_every_task_file_as_the_pure_python_one(path: Path) -> None:
+    # The loader takes libyaml's parser where PyYAML has it (tasks/loader.py); the two must agree.
+    if not hasattr(yaml, "CSafeLoader"):
+        pytest.skip("this PyYAML was built without libyaml: the loader uses the pure-Python one")
+    text = path.read_text(encoding="utf-8")
+    assert yaml.load(text, Loader=yaml.CSafeLoader) == yaml.load(text, Loader=yaml.SafeLoader)
+
+
 def test_duplicate_ids_are_rejected(envs_copy: Path) -> None:
     shutil.copy(envs_copy / "ops" / "gemm.yaml", envs_copy / "ops" / "gemm_again.yaml")
     with pytest.raises(TaskFileError, match=r"gemm_again\.yaml: id PTX-H100-GEMM is already"):
