@@ -253,6 +253,7 @@ def check_decomposition() -> None:
         check_decode(p, name)
         for grid in sorted({p.grid, 1, 7, p.n_units, p.n_units + 5}):
             q = Problem(qls, kls, grid=grid)
+            # p's work list, which check_decode verified: the plan orders a bucket at random.
             q.items, q.max_items, q.n_items = p.items, p.max_items, p.n_items
             check_hand_out(q, rng)
         per_cta = check_hand_out(p, rng)
