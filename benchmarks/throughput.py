@@ -39,6 +39,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from ptxgym.device.lock import lock_path
+from ptxgym.device.occupancy import OccupancySampler
 from ptxgym.env import PTXKernelEnv
 from ptxgym.evaluate.evaluator import Evaluator
 from ptxgym.evaluate.judge import JudgeSettings
@@ -272,6 +274,15 @@ class CpuByProcessKind:
         return {**kinds, "unsampled": busy_s - sum(by_kind.values())}
 
 
+def kind_of_pid(pid: int) -> str:
+    """``process_kind`` of a live process known only by its id (a holder of the GPU lock)."""
+    try:
+        command = Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return "a process gone before it was named"
+    return process_kind(pid, command)
+
+
 def steady_rate(ends_s: list[float], trajectories: int) -> dict[str, float] | None:
     """Evaluations per hour with the first and the last round of steps left out: from the
     ``trajectories``-th step's end to the end of the step ``trajectories`` before the last.
@@ -297,6 +308,7 @@ def run_level(
 ) -> dict[str, Any]:
     busy_before = busy_cpu_seconds()
     sampler = CpuByProcessKind()
+    lock = OccupancySampler(lock_path(evaluator.device), kind_of_pid)
     started = time.perf_counter()
     try:
         with ThreadPoolExecutor(max_workers=trajectories) as pool:
@@ -313,6 +325,7 @@ def run_level(
         wall = time.perf_counter() - started
         busy = busy_cpu_seconds() - busy_before
         cpu_by_kind = sampler.stop(busy)
+        occupancy = lock.stop()
     speedups = [r["speedup"] for r in records if r["speedup"]]
     ends_s = sorted(r["ended_at"] - started for r in records)
     exclusive = [exclusive_s(r) for r in records]
@@ -333,6 +346,17 @@ def run_level(
             for stage in EXCLUSIVE_STAGES
         },
         "exclusive_share": sum(exclusive) / wall,
+        # What the GPU lock did over the level (ptxgym.device.occupancy): the share of its time
+        # in each state, and per evaluation how long a waiting timing waited on shared holders,
+        # by what held it. Throughput is bounded by the time alone plus that wait.
+        "lock_shares": occupancy.shares(),
+        "lock_samples": occupancy.samples,
+        "timing_waited_on_s": {
+            kind: seconds / len(records)
+            for kind, seconds in sorted(
+                occupancy.waited_on.items(), key=lambda item: item[1], reverse=True
+            )
+        },
         "steady": steady_rate(ends_s, trajectories),
         # When each step ended, from the level's start: the steady rate, recomputable.
         "step_ends_s": ends_s,
@@ -536,7 +560,9 @@ def main() -> None:
         levels.append(run_level(evaluator, args.task, source, trajectories, steps))
         results["levels"] = levels
         out.write_text(json.dumps(results, indent=1))
-        print(json.dumps({k: v for k, v in levels[-1].items() if k != "speedups"}), flush=True)
+        # Its summary, for a run cut short (the per-step lists are in the JSON file).
+        bulky = ("speedups", "stage_seconds", "step_ends_s")
+        print(json.dumps({k: v for k, v in levels[-1].items() if k not in bulky}), flush=True)
 
     if levels:
         results["gpu_efficiency"] = gpu_efficiency(levels, settings, len(task.workloads))
@@ -661,6 +687,15 @@ def report_levels(levels: list[dict[str, Any]]) -> None:
             if level["ceiling_per_hour"] is not None
         )
     )
+    print(
+        "\nThe GPU lock over the level (alone / shared while a timing waited / shared / free), "
+        "and per evaluation the seconds a waiting timing waited on each kind of shared holder "
+        "(the judge's are its workers' checks):\n"
+    )
+    for level in levels:
+        shares = " / ".join(f"{share:.0%}" for share in level["lock_shares"].values())
+        waited = ", ".join(f"{k} {v:.2f}" for k, v in level["timing_waited_on_s"].items())
+        print(f"- at {level['trajectories']}: {shares}; waited on: {waited or 'nothing'}")
     print(
         "\nMean seconds per evaluation in the judge, and in the env outside the build and the "
         "judge: "

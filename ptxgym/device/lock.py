@@ -91,7 +91,7 @@ class _ExclusiveQueue:
         if self._descriptors is not None:
             return  # handed on, still locked
         try:
-            turnstile = _lock(_turnstile(self._path), fcntl.LOCK_EX)
+            turnstile = _lock(turnstile_path(self._path), fcntl.LOCK_EX)
             try:
                 main = _lock(self._path, fcntl.LOCK_EX)
             except BaseException:
@@ -171,7 +171,7 @@ def holding(
     path, since its scrubbed environment cannot locate ptxgym's folders)."""
     started = time.perf_counter()
     if not exclusive:
-        with _locked(_turnstile(path), fcntl.LOCK_EX):
+        with _locked(turnstile_path(path), fcntl.LOCK_EX):
             pass  # wait behind any exclusive holder that arrived first
         with _locked(path, fcntl.LOCK_SH):
             yield time.perf_counter() - started
@@ -185,7 +185,8 @@ def holding(
         queue.release()
 
 
-def _turnstile(path: Path) -> Path:
+def turnstile_path(path: Path) -> Path:
+    """The turnstile beside lock file ``path``: held by an exclusive holder from its arrival."""
     return path.with_name(path.name + ".turnstile")
 
 

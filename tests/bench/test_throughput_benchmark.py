@@ -1,8 +1,11 @@
 """benchmarks/throughput.py: its steady rate (the first and the last round of steps left out),
-and distinct steps that compile in every run."""
+distinct steps that compile in every run, and the GPU lock's holders named."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -61,3 +64,15 @@ def test_a_second_run_with_the_same_labels_builds_afresh() -> None:
     # The same source stepped twice: the cache answers the second step (the cached-step level).
     same = throughput.trajectory(evaluator, "PTX-H100-GEMM", source, "cached", 2, distinct=False)
     assert same[1]["cached_build"]
+
+
+def test_a_lock_holder_is_named_by_its_process_id() -> None:
+    # The lock's occupancy names the processes holding it shared while a timing waits.
+    assert throughput.kind_of_pid(os.getpid()) == "the benchmark's process (envs, builds' clients)"
+    ended = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    assert throughput.kind_of_pid(int(ended.stdout)) == "a process gone before it was named"
