@@ -428,7 +428,8 @@ def main() -> None:
         type=int,
         default=JudgeSettings.concurrency,
         help="evaluations in flight in the judge (JudgeSettings.concurrency); at 16 "
-        "trajectories on the H200, 4 beat 6 and 8 (docs/benchmarks.md, twenty-sixth session)",
+        "trajectories on the H200, 4 beat 1, 2, 3, 6 and 8 (docs/benchmarks.md, twenty-sixth "
+        "and twenty-seventh sessions)",
     )
     parser.add_argument(
         "--spare-workers",

@@ -123,9 +123,10 @@ class JudgeSettings:
     trials: int = TRIALS
     # Evaluations in flight in the judge at once. Their GPU stages take turns (ptxgym.device.lock);
     # their CPU stages (worker and tool start-up, report reading) overlap those of others. More in
-    # flight only lengthens each one's waits for the GPU once it is busy: at 16 trajectories on
-    # the H200, 4 gave 2,113-2,242 evaluations/hour, 6 and 8 1,805-1,858 (docs/benchmarks.md,
-    # twenty-sixth session).
+    # flight only lengthens each one's waits for the GPU once it is busy, and fewer leave it
+    # idle: at 16 trajectories on the H200, 4 gave 2,113-2,242 evaluations/hour against
+    # 1,805-1,858 at 6 and 8 on one host, and 1,902 against 1,821 at 3, 1,787 at 2 and under
+    # 1,500 at 1 on another (docs/benchmarks.md, twenty-sixth and twenty-seventh sessions).
     concurrency: int = 4
     # Workers kept started ahead of need (each holds a CUDA context, about 0.9 GB of GPU memory).
     # A worker takes seconds to start (Python, torch, CUDA, CUPTI); with several started ahead,

@@ -331,9 +331,10 @@ def run_job(spec_path: str) -> int:
 
         with seconds_into(seconds, "load"):
             triton = TritonEntry(job["library"], task, job["facts"])
-    # The call has the GPU to itself, except a count run's (shared: its counts are exact beside
-    # others). Nsight Compute and compute-sanitizer do not overlap well: on the H200, runs
-    # sharing the GPU made a step slower, not faster (docs/benchmarks.md, third session).
+    # A profile run's call has the GPU to itself: Nsight Compute's runs sharing the GPU made a
+    # step slower, not faster, on the H200 (docs/benchmarks.md, third session). A sanitizer's
+    # and a count run's hold it shared (``exclusive`` false): what memcheck finds and what
+    # CUPTI counts do not depend on what else runs, and neither runs beside a timing.
     started = time.perf_counter()
     profiler_lock = Path(spec["profiler_lock"]) if spec["profiler_lock"] else None
     with holding(gpu_lock, exclusive=spec["exclusive"]) as waited, contextlib.ExitStack() as turn:
