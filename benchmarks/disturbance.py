@@ -11,7 +11,11 @@ Without the lock (what the lock keeps out; each a fresh Python process per loop)
 
 - ``startup``: make a CUDA context (``ptxgym.device.gpus.make_context``) and exit;
 - ``startup-ncu``: the same under Nsight Compute (``--profile-from-start off``);
-- ``startup-memcheck``: the same under compute-sanitizer memcheck.
+- ``startup-memcheck``: the same under compute-sanitizer memcheck;
+- ``startup-worker``: a worker's start-up: the context, then its timer with CUPTI's activity
+  set up (``ptxgym.evaluate.timing.Timer``);
+- ``startup-count``: a count run's start-up: the context, then CUPTI's SASS metrics set up
+  (``ptxgym.evaluate.cupti_helper.SassCounter.prepare``).
 
 (Profiling outside the lock is not among them: two processes profiling at once make the driver
 refuse one, docs/benchmarks.md, ninth session.)
@@ -23,7 +27,8 @@ made holding the GPU shared, the call holding it alone):
 - ``profile-runs``: whole profile runs;
 - ``memcheck-runs``: whole memcheck runs.
 
-Each activity is measured twice, with a quiet measurement after it. Reported: each latency and
+Each activity is measured twice, with a quiet measurement after it, in each of ``--rounds``
+rounds over the activities. Reported: each latency and
 its deviation from the mean of the quiet ones, and the quiet ones' own spread. Run on a GPU host:
 ``python benchmarks/disturbance.py --out DIR``. Prints markdown; writes OUT/disturbance.json.
 """
@@ -40,11 +45,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-UNLOCKED = ("startup", "startup-ncu", "startup-memcheck")
+UNLOCKED = ("startup", "startup-ncu", "startup-memcheck", "startup-worker", "startup-count")
 LOCKED = ("profile-runs", "memcheck-runs")
 ACTIVITIES = UNLOCKED + LOCKED
 # What a background process runs, once per loop, as its own Python program.
 _STARTUP = "from ptxgym.device.gpus import make_context; make_context(0)"
+_WORKER_STARTUP = _STARTUP + "; from ptxgym.evaluate.timing import Timer; Timer()"
+_COUNT_STARTUP = (
+    _STARTUP + "; from ptxgym.evaluate.cupti_helper import SassCounter; "
+    "SassCounter({helper!r}).prepare(0)"
+)
 
 
 def unlocked_command(activity: str) -> list[str]:
@@ -60,6 +70,13 @@ def unlocked_command(activity: str) -> list[str]:
     python = [sys.executable, "-c"]
     if activity == "startup":
         return [*python, _STARTUP]
+    if activity == "startup-worker":
+        return [*python, _WORKER_STARTUP]
+    if activity == "startup-count":
+        from ptxgym.evaluate.cupti_helper import build_helper
+
+        # Built here, once, not by the background processes racing for the cache.
+        return [*python, _COUNT_STARTUP.format(helper=str(build_helper()))]
     if activity == "startup-ncu":
         return [str(ncu), "--profile-from-start", "off", *python, _STARTUP]
     return [str(sanitizer), "--tool", "memcheck", *python, _STARTUP]
@@ -166,7 +183,12 @@ def main() -> None:
         metavar=("WARMUP", "ITERS", "TRIALS"),
         help="instead of the judge's (the GPU tests use 2 5 3)",
     )
+    parser.add_argument(
+        "--rounds", type=int, default=1, help="rounds over the activities (each: 2 measured)"
+    )
     args = parser.parse_args()
+    if args.rounds < 1 or args.processes < 1 or args.seconds <= 0:
+        parser.error("--rounds and --processes must be at least 1, --seconds above 0")
     args.out.mkdir(parents=True, exist_ok=True)
     victim = Victim(args.size, args.protocol)
     library = compile_example(args.example) if set(args.activities) & set(LOCKED) else ""
@@ -178,7 +200,7 @@ def main() -> None:
         "protocol": victim.protocol or "the judge's",
         "runs": [{"during": "nothing", **victim.measure()}],
     }
-    for activity in args.activities:
+    for activity in [activity for _ in range(args.rounds) for activity in args.activities]:
         until = time.time() + args.seconds
         workers = []
         for _ in range(args.processes):
