@@ -308,7 +308,7 @@ def run_level(
 ) -> dict[str, Any]:
     busy_before = busy_cpu_seconds()
     sampler = CpuByProcessKind()
-    lock = OccupancySampler(lock_path(evaluator.device), kind_of_pid)
+    lock_occupancy = OccupancySampler(lock_path(evaluator.device), kind_of_pid)
     started = time.perf_counter()
     try:
         with ThreadPoolExecutor(max_workers=trajectories) as pool:
@@ -325,7 +325,7 @@ def run_level(
         wall = time.perf_counter() - started
         busy = busy_cpu_seconds() - busy_before
         cpu_by_kind = sampler.stop(busy)
-        occupancy = lock.stop()
+        occupancy = lock_occupancy.stop()
     speedups = [r["speedup"] for r in records if r["speedup"]]
     ends_s = sorted(r["ended_at"] - started for r in records)
     exclusive = [exclusive_s(r) for r in records]

@@ -30,12 +30,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Literal, get_args
 
 from ptxgym.device.lock import turnstile_path
 
 LOCKS_TABLE = Path("/proc/locks")
-STATES = ("alone", "shared, a timing waiting", "shared", "free")
+State = Literal["alone", "shared, a timing waiting", "shared", "free"]
+STATES: tuple[State, ...] = get_args(State)
 
 
 @dataclass(frozen=True)
@@ -68,9 +69,6 @@ def read_table(text: str) -> list[FileLock]:
             continue
         locks.append(FileLock(not waiting, fields[2] == "WRITE", pid, inode))
     return locks
-
-
-State = Literal["alone", "shared, a timing waiting", "shared", "free"]
 
 
 def state_of(locks: list[FileLock], main: int, turnstile: int) -> tuple[State, list[int]]:
@@ -138,19 +136,19 @@ class OccupancySampler:
         return self._inodes
 
     def _run(self) -> None:
+        # The last reading: when, the state, the shared holders; None until the files exist.
         previous: tuple[float, State, list[int]] | None = None
         while True:
-            inodes = self._lock_inodes()
+            stopping = self._stop.is_set()
             now = time.monotonic()
-            if inodes is not None:
-                state, shared = state_of(read_table(self.table.read_text()), *inodes)
-                if previous is not None:
-                    self._add(now - previous[0], previous[1], previous[2])
-                previous = (now, state, shared)
-            if self._stop.wait(self.interval_s):
-                if previous is not None:
-                    self._add(time.monotonic() - previous[0], previous[1], previous[2])
+            if previous is not None:
+                self._add(now - previous[0], *previous[1:])
+            if stopping:
                 return
+            inodes = self._lock_inodes()
+            if inodes is not None:
+                previous = (now, *state_of(read_table(self.table.read_text()), *inodes))
+            self._stop.wait(self.interval_s)
 
     def _add(self, seconds: float, state: State, shared: list[int]) -> None:
         occupancy = self.occupancy

@@ -83,9 +83,8 @@ def test_real_holders_are_seen_in_each_state(tmp_path: Path) -> None:
     assert occupancy.shares()["alone"] == pytest.approx(seconds["alone"] / sum(seconds.values()))
 
 
+@pytest.mark.skipif(not LOCKS_TABLE.is_file(), reason="no /proc/locks on this machine")
 def test_a_lock_file_made_after_the_start_is_found(tmp_path: Path) -> None:
-    if not LOCKS_TABLE.is_file():
-        pytest.skip("no /proc/locks on this machine")
     lock_file = tmp_path / "gpu-late.lock"
     sampler = OccupancySampler(lock_file, kind_of=str, interval_s=0.002)
     time.sleep(0.05)
