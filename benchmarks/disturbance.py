@@ -1,13 +1,16 @@
 """Does GPU work in other processes move a timing, with and without the GPU lock?
 
 The GPU lock (``ptxgym.device.lock``) gives every timing its GPU alone; everything else of ours that
-touches the GPU holds it shared. This benchmark is the evidence for that split: it times cuBLAS's
-GEMM on the GEMM task's workload with the judge's protocol (``ptxgym.evaluate.timing.Timer``, fresh
-inputs for every call), holding the GPU exclusively as the judge's timings do, first with nothing
-else running, then while ``--processes`` background processes repeat one activity in a loop
-(``--size`` and ``--protocol`` time a longer GEMM, or with the GPU tests' shorter protocol).
+touches the GPU holds it shared, and CUDA start-ups hold the GPU's start-up lock, which a timing
+holds alone unless it lets start-ups beside it (``JudgeSettings.startups_beside_iters``). This
+benchmark is the evidence for that split: it times cuBLAS's GEMM on the GEMM task's workload with
+the judge's protocol (``ptxgym.evaluate.timing.Timer``, fresh inputs for every call), holding the
+GPU exclusively as the judge's timings do, first with nothing else running, then while
+``--processes`` background processes repeat one activity in a loop (``--size`` and ``--protocol``
+time a longer GEMM, or with the GPU tests' shorter protocol).
 
-Without the lock (what the lock keeps out; each a fresh Python process per loop):
+Without the lock (what the lock keeps out, and what a timing that lets start-ups beside it meets;
+each a fresh Python process per loop):
 
 - ``startup``: make a CUDA context (``ptxgym.device.gpus.make_context``) and exit;
 - ``startup-ncu``: the same under Nsight Compute (``--profile-from-start off``);
@@ -118,12 +121,12 @@ class Victim:
         import torch
 
         from ptxgym.device.gpus import make_context
-        from ptxgym.device.lock import shared_gpu
+        from ptxgym.device.lock import startup_hold, startup_lock_path
         from ptxgym.evaluate.timing import Timer
         from ptxgym.evaluate.worker import make_inputs
         from ptxgym.tasks import get_task
 
-        with shared_gpu(0):
+        with startup_hold(startup_lock_path(0)):
             make_context(0)
             self.timer = Timer()
         self.torch = torch

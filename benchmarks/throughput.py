@@ -452,8 +452,16 @@ def main() -> None:
     parser.add_argument(
         "--unlocked-startups",
         action="store_true",
-        help="workers and tool runs make their CUDA contexts without the GPU lock "
+        help="workers and tool runs make their CUDA contexts without the GPU's start-up lock "
         "(JudgeSettings.lock_startups=False)",
+    )
+    parser.add_argument(
+        "--startups-beside-iters",
+        type=int,
+        default=JudgeSettings.startups_beside_iters,
+        metavar="ITERS",
+        help="timings of at least ITERS calls per trial let CUDA start-ups run beside them "
+        "(JudgeSettings.startups_beside_iters; the judge's timings make 50)",
     )
     parser.add_argument(
         "--spawn-workers",
@@ -498,6 +506,7 @@ def main() -> None:
         spare_tool_runs=args.spare_tool_runs,
         check_streams=args.check_streams,
         lock_startups=not args.unlocked_startups,
+        startups_beside_iters=args.startups_beside_iters,
         fork_workers=not args.spawn_workers,
         spare_profile_runs=args.spare_profile_runs,
         exclusive_chain_s=args.exclusive_chain_s,
@@ -535,6 +544,7 @@ def main() -> None:
                 profile=False,
                 reuse_state=reuse_state,
                 lock_startups=settings.lock_startups,
+                startups_beside_iters=settings.startups_beside_iters,
                 fork_workers=settings.fork_workers,
             )
             sequential = LocalGPUEvaluator(settings=plain)
@@ -594,11 +604,21 @@ def gpu_efficiency(
     }
 
 
+def startup_policy(settings: dict[str, Any]) -> str:
+    """How the run's CUDA start-ups met its timings, in words."""
+    if not settings["lock_startups"]:
+        return "without the lock"
+    beside = settings["startups_beside_iters"]
+    if beside is None or settings["iters"] < beside:
+        return "locked"
+    return f"beside timings of {beside}+ calls per trial"
+
+
 def report(results: dict[str, Any]) -> None:
     print(f"\n# Throughput, {results['date']}, {results['device']['name']}, {results['task']}")
     if "first_step" in results:
         first = results["first_step"]["step_s"]
-        startups = "locked" if results["settings"]["lock_startups"] else "without the lock"
+        startups = startup_policy(results["settings"])
         workers = "forked" if results["settings"]["fork_workers"] else "spawned"
         print(
             f"example {results['example']}; first step {first:.1f} s; CUDA start-ups {startups}; "
@@ -689,9 +709,9 @@ def report_levels(levels: list[dict[str, Any]]) -> None:
         )
     )
     print(
-        "\nThe GPU lock over the level (alone / shared while a timing waited / shared / free), "
-        "and per evaluation the seconds a waiting timing waited on each kind of shared holder "
-        "(the judge's are its workers' checks):\n"
+        "\nThe GPU's locks over the level (alone / shared while a timing waited / shared / "
+        "free), and per evaluation the seconds a waiting timing waited on each kind of shared "
+        "holder (the judge's are its workers' checks):\n"
     )
     for level in levels:
         shares = " / ".join(f"{share:.0%}" for share in level["lock_shares"].values())

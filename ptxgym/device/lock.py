@@ -1,29 +1,39 @@
 """Timings never share a GPU with other work of ours, across every process on the machine.
 
-A timing (a worker's correctness and timing stages, a workload's references and baseline) and a
-tool's one call of a candidate (the sanitizer's, the profiler's) hold their GPU **exclusively**:
-nothing else of ours puts work on it meanwhile. Making a CUDA context (the judge's, a worker's, a
-tool run's) holds it **shared**: any number at once, but never beside an exclusive holder. A
-context made in another process moves a long kernel's timing, though it launches nothing of
-ours: on the H200, a 42-ms GEMM timed with 2 warm-up calls and 3 trials of 5 while eight
-processes made contexts in a loop, with no lock, was up to 5.8 % slower (docs/benchmarks.md,
-seventh session); a 1.4-ms one timed with the judge's 3 trials of 50 did not move. The CPU
-parts around them (compiling, starting processes, loading the driver and a tool's injection,
-importing torch, reading reports) hold nothing and overlap freely. Exclusive holders are
-preferred: once one waits, new shared holders wait behind it, so timings are never starved by a
-stream of start-ups.
+A timing (a worker's timing stage, a workload's references and baseline) and a tool's one call of
+a candidate that needs the GPU to itself (the profiler's) hold their GPU **exclusively**: nothing
+else of ours puts work on it meanwhile. The checks of a worker's outputs and the other tools'
+calls (the sanitizer's, CUPTI's count) hold it **shared**: any number at once, but never beside
+an exclusive holder. The CPU parts around them (compiling, starting processes, loading the
+driver and a tool's injection, importing torch, reading reports) hold nothing and overlap
+freely. Exclusive holders are preferred: once one waits, new shared holders wait behind it, so
+timings are never starved by a stream of shared holders.
 
-The lock is a pair of ``flock``s on files named after the physical GPU, in one folder for the
+Making a CUDA context (the judge's, a worker's, a tool run's) holds a second lock of the GPU,
+its **start-up lock**, shared; a timing holds that one exclusively too, so no context is made
+beside it. A context made in another process moves a long kernel's timing, though it launches
+nothing of ours: on the H200, a 42-ms GEMM timed with 2 warm-up calls and 3 trials of 5 while
+eight processes made contexts in a loop, with no lock, was up to 5.8 % slower (docs/benchmarks.md,
+seventh session); a 1.4-ms one timed with the judge's 3 trials of 50 did not move. So a timing of
+many calls per trial may let start-ups in (``exclusive_gpu``'s ``startups_beside``, the judge's
+``JudgeSettings.startups_beside_iters``): whether it does is the timing's own choice, whatever the
+processes making contexts were told. The exclusive holds that are no timing (the profiler's
+call) leave the start-up lock alone: a context made beside it changes no count.
+
+Each lock is a pair of ``flock``s on files named after the physical GPU, in one folder for the
 whole machine (``paths.lock_dir``: not the cache folder, which differs between users, test
 sessions and benchmark runs), so it holds between processes and ends with the process that
 holds it (a killed holder never leaves it locked). The main file is held exclusively or shared;
 the turnstile beside it is held by an exclusive holder from its arrival to its end and crossed
-briefly by shared ones, which is what makes waiting exclusive holders come first. Exclusive
-waiters inside one process are served first come, first served, and pass the lock from one to
-the next without letting go of it, for up to ``EXCLUSIVE_CHAIN_S`` by default
-(``_ExclusiveQueue``). A process holding the GPU exclusively must not ask for it shared (a
-second ``flock`` of the same file would wait for the first): what it does under the exclusive
-hold is covered by it.
+briefly by shared ones, which is what makes waiting exclusive holders come first. An exclusive
+holder of both locks takes both turnstiles before either lock (start-up lock first, then the
+GPU's), so that it waits for the contexts being made and the checks in progress at once, not
+one after the other; every holder takes what it takes in that one order, and a shared holder
+holds one lock at a time, so no two holders ever wait on each other. Exclusive waiters inside
+one process are served first come, first served, and pass the locks from one to the next
+without letting go of them, for up to ``EXCLUSIVE_CHAIN_S`` by default (``_ExclusiveQueue``). A
+process holding the GPU exclusively must not ask for it shared (a second ``flock`` of the same
+file would wait for the first): what it does under the exclusive hold is covered by it.
 
 Beside it, one more lock for the whole machine: Nsight Compute's turn (``profiler_turn``). Two
 processes profiling at once make the driver refuse one ("Profiling failed because a driver
@@ -63,18 +73,18 @@ EXCLUSIVE_CHAIN_S = 5.0
 
 
 class _ExclusiveQueue:
-    """This process's exclusive holders of one lock file: first come, first served, the file's
-    locks passed on still held while the chain is younger than the limit its first holder set
-    (``chain_s``)."""
+    """This process's exclusive holders of the same lock files (in the order they are taken):
+    first come, first served, the files' locks passed on still held while the chain is younger
+    than the limit its first holder set (``chain_s``)."""
 
-    def __init__(self, path: Path) -> None:
-        self._path = path
+    def __init__(self, paths: tuple[Path, ...]) -> None:
+        self._paths = paths
         self._mutex = threading.Lock()
         self._queue: collections.deque[threading.Event] = collections.deque()
         self._held = False
-        # Touched only by the thread whose turn it is: the turnstile's and the lock file's
-        # descriptors while their locks are held, and since when.
-        self._descriptors: tuple[int, int] | None = None
+        # Touched only by the thread whose turn it is: the turnstiles' and the lock files'
+        # descriptors while their locks are held (in the order taken), and since when.
+        self._descriptors: list[int] | None = None
         self._chain_started = 0.0
         self._chain_s = EXCLUSIVE_CHAIN_S
 
@@ -90,17 +100,16 @@ class _ExclusiveQueue:
             turn.wait()
         if self._descriptors is not None:
             return  # handed on, still locked
+        descriptors: list[int] = []
         try:
-            turnstile = _lock(turnstile_path(self._path), fcntl.LOCK_EX)
-            try:
-                main = _lock(self._path, fcntl.LOCK_EX)
-            except BaseException:
-                os.close(turnstile)
-                raise
+            # Every turnstile first: from here on no new shared holder enters either lock.
+            for path in [*map(turnstile_path, self._paths), *self._paths]:
+                descriptors.append(_lock(path, fcntl.LOCK_EX))
         except BaseException:
+            _close(descriptors)
             self.release()  # the next in line takes the locks itself
             raise
-        self._descriptors = (turnstile, main)
+        self._descriptors = descriptors
         self._chain_started = time.monotonic()
         self._chain_s = chain_s
 
@@ -108,17 +117,15 @@ class _ExclusiveQueue:
         with self._mutex:
             chain_over = time.monotonic() - self._chain_started >= self._chain_s
             if self._descriptors is not None and (chain_over or not self._queue):
-                turnstile, main = self._descriptors
+                _close(self._descriptors)
                 self._descriptors = None
-                os.close(main)  # closing releases the flock
-                os.close(turnstile)
             if self._queue:
                 self._queue.popleft().set()  # the turn passes straight to the next in line
             else:
                 self._held = False
 
 
-_queues: dict[str, _ExclusiveQueue] = {}
+_queues: dict[tuple[Path, ...], _ExclusiveQueue] = {}
 _queues_mutex = threading.Lock()
 
 
@@ -128,12 +135,25 @@ def lock_path(device: int) -> Path:
     return paths.lock_dir() / f"gpu-{name}.lock"
 
 
+def startup_lock_path(device: int) -> Path:
+    """The start-up lock file of CUDA device ``device`` of this process."""
+    return startup_lock_of(lock_path(device))
+
+
+def startup_lock_of(gpu_lock: Path) -> Path:
+    """The start-up lock file of the GPU whose lock file is ``gpu_lock``."""
+    return gpu_lock.with_name(f"{gpu_lock.stem}.startups{gpu_lock.suffix}")
+
+
 def exclusive_gpu(
-    device: int, chain_s: float = EXCLUSIVE_CHAIN_S
+    device: int, chain_s: float = EXCLUSIVE_CHAIN_S, startups_beside: bool = False
 ) -> contextlib.AbstractContextManager[float]:
-    """Hold GPU ``device`` alone for this block; yields the seconds spent waiting for it.
-    ``chain_s``: how long a chain this holder starts may hand the lock on unreleased."""
-    return holding(lock_path(device), exclusive=True, chain_s=chain_s)
+    """Hold GPU ``device`` alone for this block, for a timing; yields the seconds spent waiting
+    for it. ``chain_s``: how long a chain this holder starts may hand the locks on unreleased.
+    ``startups_beside``: other processes may make CUDA contexts meanwhile (a timing of many
+    calls per trial); else the start-up lock is held alone too."""
+    startups = None if startups_beside else startup_lock_path(device)
+    return holding(lock_path(device), exclusive=True, chain_s=chain_s, startups=startups)
 
 
 def shared_gpu(device: int) -> contextlib.AbstractContextManager[float]:
@@ -142,8 +162,9 @@ def shared_gpu(device: int) -> contextlib.AbstractContextManager[float]:
 
 
 def startup_hold(path: Path | None) -> contextlib.AbstractContextManager[object]:
-    """What a process's start-up holds while it makes its CUDA context: the GPU whose lock file
-    is ``path``, shared; nothing where ``path`` is None (``JudgeSettings.lock_startups`` off)."""
+    """What a process's start-up holds while it makes its CUDA context: the start-up lock whose
+    file is ``path`` (``startup_lock_path``), shared; nothing where ``path`` is None
+    (``JudgeSettings.lock_startups`` off)."""
     return holding(path, exclusive=False) if path is not None else contextlib.nullcontext()
 
 
@@ -165,10 +186,14 @@ def profiler_turn(path: Path) -> Iterator[float]:
 
 @contextmanager
 def holding(
-    path: Path, exclusive: bool = True, chain_s: float = EXCLUSIVE_CHAIN_S
+    path: Path,
+    exclusive: bool = True,
+    chain_s: float = EXCLUSIVE_CHAIN_S,
+    startups: Path | None = None,
 ) -> Iterator[float]:
-    """Hold the GPU whose lock file is ``path``, alone or shared (a child process is given the
-    path, since its scrubbed environment cannot locate ptxgym's folders)."""
+    """Hold the lock whose file is ``path``, alone or shared (a child process is given the
+    path, since its scrubbed environment cannot locate ptxgym's folders); an exclusive holder
+    holds the start-up lock whose file is ``startups`` alone too, where one is given."""
     started = time.perf_counter()
     if not exclusive:
         with _locked(turnstile_path(path), fcntl.LOCK_EX):
@@ -176,8 +201,9 @@ def holding(
         with _locked(path, fcntl.LOCK_SH):
             yield time.perf_counter() - started
         return
+    files = (path,) if startups is None else (startups, path)
     with _queues_mutex:
-        queue = _queues.setdefault(str(path), _ExclusiveQueue(path))
+        queue = _queues.setdefault(files, _ExclusiveQueue(files))
     queue.acquire(chain_s)
     try:
         yield time.perf_counter() - started
@@ -188,6 +214,12 @@ def holding(
 def turnstile_path(path: Path) -> Path:
     """The turnstile beside lock file ``path``: held by an exclusive holder from its arrival."""
     return path.with_name(path.name + ".turnstile")
+
+
+def _close(descriptors: list[int]) -> None:
+    """Release the flocks of ``descriptors``, the last taken first."""
+    for descriptor in reversed(descriptors):
+        os.close(descriptor)  # closing releases the flock
 
 
 @contextmanager

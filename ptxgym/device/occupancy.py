@@ -1,21 +1,22 @@
-"""How a GPU's lock (ptxgym.device.lock) was held over a span of time, read from the kernel's
-table of file locks (/proc/locks) without taking it.
+"""How a GPU's locks (ptxgym.device.lock) were held over a span of time, read from the kernel's
+table of file locks (/proc/locks) without taking them.
 
 A judge's throughput is bounded by the time the GPU is held alone (timings) plus the time a
-waiting timing spends behind shared holders (checks, CUDA start-ups, the tools' calls), which
-no concurrency can overlap. The evaluations' own stage seconds say how long each waited, not
-whom for; this says what the lock was doing at each moment, and who held it shared while a
-timing waited. Sampling only reads the table, so it moves nothing it measures.
+waiting timing spends behind shared holders (checks and the tools' calls on the GPU's lock, CUDA
+start-ups on its start-up lock), which no concurrency can overlap. The evaluations' own stage
+seconds say how long each waited, not whom for; this says what the locks were doing at each
+moment, and who held them shared while a timing waited. Sampling only reads the table, so it
+moves nothing it measures.
 
 A moment is in one of four states:
 
-- ``alone``: an exclusive holder has the lock file;
-- ``shared, a timing waiting``: shared holders have it, and an exclusive holder has arrived (it
-  holds the turnstile, ptxgym.device.lock) and waits for them to finish;
-- ``shared``: shared holders have it, and no exclusive holder waits;
-- ``free``: nobody has it.
+- ``alone``: an exclusive holder has the GPU's lock file;
+- ``shared, a timing waiting``: an exclusive holder has arrived at a lock (it holds that lock's
+  turnstile) and waits for the shared holders of that lock to finish;
+- ``shared``: shared holders have either lock, and no exclusive holder waits for them;
+- ``free``: nobody has either.
 
-A shared holder crossing the turnstile holds it for an instant too; a sample that catches one
+A shared holder crossing a turnstile holds it for an instant too; a sample that catches one
 counts that instant as a timing waiting. The holders are the processes that took each lock
 (the judge for a worker's checks, a worker or a tool run for its CUDA context, a tool run for its
 call); the table names them by process id, in the reader's process namespace.
@@ -24,6 +25,7 @@ call); the table names them by process id, in the reader's process namespace.
 from __future__ import annotations
 
 import collections
+import contextlib
 import os
 import threading
 import time
@@ -32,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, get_args
 
-from ptxgym.device.lock import turnstile_path
+from ptxgym.device.lock import startup_lock_of, turnstile_path
 
 LOCKS_TABLE = Path("/proc/locks")
 State = Literal["alone", "shared, a timing waiting", "shared", "free"]
@@ -71,17 +73,35 @@ def read_table(text: str) -> list[FileLock]:
     return locks
 
 
-def state_of(locks: list[FileLock], main: int, turnstile: int) -> tuple[State, list[int]]:
-    """The lock's state in one reading of the table (``main`` and ``turnstile``: the inodes of
-    the lock file and its turnstile), and the processes holding it shared."""
-    holders = [lock for lock in locks if lock.held and lock.inode == main]
-    if any(lock.exclusive for lock in holders):
+@dataclass(frozen=True)
+class LockInodes:
+    """The inodes of a GPU's lock file and its turnstile, and of its start-up lock's (None
+    while those files do not exist yet)."""
+
+    gpu: int
+    gpu_turnstile: int
+    startups: int | None = None
+    startups_turnstile: int | None = None
+
+
+def state_of(locks: list[FileLock], inodes: LockInodes) -> tuple[State, list[int]]:
+    """The locks' state in one reading of the table, and the processes holding them shared
+    (while a timing waits: those it waits for)."""
+    if any(lock.held and lock.exclusive and lock.inode == inodes.gpu for lock in locks):
         return "alone", []
-    shared = [lock.pid for lock in holders]
-    if not shared:
-        return "free", []
-    waiting = any(lock.held and lock.inode == turnstile for lock in locks)
-    return ("shared, a timing waiting" if waiting else "shared"), shared
+    sharing: list[int] = []
+    delaying: list[int] = []
+    for lock_file, turnstile in (
+        (inodes.gpu, inodes.gpu_turnstile),
+        (inodes.startups, inodes.startups_turnstile),
+    ):
+        holders = [lock.pid for lock in locks if lock.held and lock.inode == lock_file]
+        sharing += holders
+        if any(lock.held and lock.inode == turnstile for lock in locks):
+            delaying += holders
+    if delaying:
+        return "shared, a timing waiting", delaying
+    return ("shared" if sharing else "free"), sharing
 
 
 @dataclass
@@ -101,9 +121,10 @@ class Occupancy:
 
 class OccupancySampler:
     """Reads the locks table every ``interval_s`` on a thread of its own, from construction to
-    ``stop``, attributing each interval to the state seen at its start. ``kind_of`` names a
-    holding process (called once per process id). The lock files are looked up at each reading
-    until they exist (the first user of the GPU makes them)."""
+    ``stop``, attributing each interval to the state seen at its start. ``lock_file``: the
+    GPU's lock file (its start-up lock's is found beside it). ``kind_of`` names a holding
+    process (called once per process id). The lock files are looked up at each reading until
+    they exist (the first user of the GPU makes them)."""
 
     def __init__(
         self,
@@ -114,26 +135,29 @@ class OccupancySampler:
     ) -> None:
         if not table.is_file():
             raise OSError(f"{table} is not readable here: the lock's occupancy cannot be sampled")
-        self.lock_file = lock_file
+        startups = startup_lock_of(lock_file)
+        self.files = (lock_file, turnstile_path(lock_file), startups, turnstile_path(startups))
         self.kind_of = kind_of
         self.interval_s = interval_s
         self.table = table
         self.occupancy = Occupancy()
         self._kinds: dict[int, str] = {}
-        self._inodes: tuple[int, int] | None = None
+        self._inodes: dict[Path, int] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
-    def _lock_inodes(self) -> tuple[int, int] | None:
-        if self._inodes is None:
-            try:
-                main = os.stat(self.lock_file).st_ino
-                turnstile = os.stat(turnstile_path(self.lock_file)).st_ino
-            except FileNotFoundError:
-                return None
-            self._inodes = (main, turnstile)
-        return self._inodes
+    def _lock_inodes(self) -> LockInodes | None:
+        """The files' inodes; None while the GPU's lock files do not exist."""
+        for path in self.files:
+            if path not in self._inodes:
+                with contextlib.suppress(FileNotFoundError):
+                    self._inodes[path] = os.stat(path).st_ino
+        inodes = [self._inodes.get(path) for path in self.files]
+        gpu, gpu_turnstile, startups, startups_turnstile = inodes
+        if gpu is None or gpu_turnstile is None:
+            return None
+        return LockInodes(gpu, gpu_turnstile, startups, startups_turnstile)
 
     def _run(self) -> None:
         # The last reading: when, the state, the shared holders; None until the files exist.
@@ -147,7 +171,7 @@ class OccupancySampler:
                 return
             inodes = self._lock_inodes()
             if inodes is not None:
-                previous = (now, *state_of(read_table(self.table.read_text()), *inodes))
+                previous = (now, *state_of(read_table(self.table.read_text()), inodes))
             self._stop.wait(self.interval_s)
 
     def _add(self, seconds: float, state: State, shared: list[int]) -> None:

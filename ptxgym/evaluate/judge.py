@@ -32,7 +32,13 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from ptxgym.device.gpus import make_context, visible_gpus
-from ptxgym.device.lock import EXCLUSIVE_CHAIN_S, exclusive_gpu, lock_path, shared_gpu
+from ptxgym.device.lock import (
+    EXCLUSIVE_CHAIN_S,
+    exclusive_gpu,
+    shared_gpu,
+    startup_hold,
+    startup_lock_path,
+)
 from ptxgym.evaluate import worker_protocol as protocol
 from ptxgym.evaluate.baselines import baseline_key, cached_baseline, store_baseline
 from ptxgym.evaluate.compile_run import Prepared, prepare
@@ -192,12 +198,21 @@ class JudgeSettings:
     # the GPU alone about 0.4 s longer per step on the H200. Only Nsight Compute collects them:
     # asked for, they make the profile Nsight Compute's whatever profile_method says.
     profile_details: bool = False
-    # Workers and tool runs make their CUDA contexts holding the GPU shared, never beside a
-    # timing (ptxgym.device.lock). False lets them start any time. On the H200 at 16 trajectories
-    # the GPU was then held alone, for the stages that need it, 94 % of the time against 42-59 %
-    # with the lock; but start-ups beside a long kernel timed with few calls moved its timing
-    # by up to 8 % (a 42-ms GEMM timed with 3 trials of 5; docs/benchmarks.md).
+    # Workers and tool runs make their CUDA contexts holding the GPU's start-up lock shared,
+    # never beside a timing that keeps start-ups out (ptxgym.device.lock). False lets them start
+    # any time. On the H200 at 16 trajectories the GPU was then held alone, for the stages that
+    # need it, 94 % of the time against 42-59 % with the lock; but start-ups beside a long kernel
+    # timed with few calls moved its timing by up to 8 % (a 42-ms GEMM timed with 3 trials of 5;
+    # docs/benchmarks.md).
     lock_startups: bool = True
+    # A timing of at least this many timed calls per trial (``iters``) lets other processes make
+    # their CUDA contexts beside it: it holds the GPU alone but not its start-up lock. A context
+    # disturbs the calls it overlaps, which moves a median of few calls per trial (the 8 % above)
+    # but should not move one of many. None: every timing keeps start-ups out, as until the
+    # H200 has shown that the judge's 50 calls do not move (at 16 trajectories a timing waited
+    # on start-ups 0.54 s per evaluation, 31 % of the time; docs/benchmarks.md, twenty-seventh
+    # session). Whatever this judge's own start-ups do, this decides for its timings.
+    startups_beside_iters: int | None = None
     # Workers forked from a process of the judge's that has imported what a worker imports
     # (``worker_context``) instead of started afresh, which imports Python's and torch's modules
     # again: an evaluation with the tools off cost 1.3 CPU-seconds forked against 4.7 spawned on
@@ -210,6 +225,26 @@ class JudgeSettings:
     # on the H200, a correctness stage took 2.1 s against 0.47 s alone; docs/benchmarks.md,
     # sixteenth session). Off until measured there.
     check_streams: bool = False
+
+    def __post_init__(self) -> None:
+        if self.startups_beside_iters is not None and self.startups_beside_iters < 1:
+            raise ValueError(
+                "startups_beside_iters must be None or at least 1, "
+                f"not {self.startups_beside_iters}"
+            )
+
+    @property
+    def startups_beside_timings(self) -> bool:
+        """Whether this judge's timings let other processes make CUDA contexts beside them."""
+        threshold = self.startups_beside_iters
+        return threshold is not None and self.iters >= threshold
+
+
+def timing_hold(device: int, settings: JudgeSettings) -> contextlib.AbstractContextManager[float]:
+    """GPU ``device`` held alone for a timing under ``settings`` (``ptxgym.device.lock``):
+    handed on to the process's next exclusive holder for up to ``exclusive_chain_s``, start-ups
+    kept out unless ``startups_beside_timings``; yields the wait."""
+    return exclusive_gpu(device, settings.exclusive_chain_s, settings.startups_beside_timings)
 
 
 @dataclass(frozen=True)
@@ -302,7 +337,7 @@ class _Worker:
     def __init__(
         self, context: Any, device: int, folder: Path, lock_startup: bool, use_cupti: bool
     ) -> None:
-        """``lock_startup``: the worker makes its CUDA context holding the GPU shared.
+        """``lock_startup``: the worker makes its CUDA context holding the start-up lock shared.
         ``use_cupti``: it times with CUPTI (else host wall time, only when asked for)."""
         folder.mkdir(parents=True, exist_ok=True)
         name = f"worker-{secrets.token_hex(4)}"
@@ -314,7 +349,7 @@ class _Worker:
             target=worker_main,
             args=(
                 *(child, device, str(self.log_path), str(self.home)),
-                str(lock_path(device)) if lock_startup else None,
+                str(startup_lock_path(device)) if lock_startup else None,
                 use_cupti,
             ),
             daemon=True,
@@ -391,7 +426,10 @@ class Judge:
         self.settings = settings
         # The process is the judge's own (gpu_evaluator, judge_server): the setting is its.
         sys.setswitchinterval(_SWITCH_INTERVAL_S)
-        with shared_gpu(device):  # a context made beside a timing moves it (ptxgym.device.lock)
+        # A context made beside a timing moves it (ptxgym.device.lock). This hold also makes
+        # the start-up lock's files, which workers and tool runs confined to their own folders
+        # cannot.
+        with startup_hold(startup_lock_path(device)):
             make_context(device)
             self.timer = Timer(use_cupti=settings.timing_method == "cupti")
         if settings.timing_method == "cupti" and self.timer.cupti is None:
@@ -539,18 +577,13 @@ class Judge:
         chosen: contextlib.AbstractContextManager[object] = self.torch.cuda.stream(stream)
         return chosen
 
-    def _gpu_alone(self) -> contextlib.AbstractContextManager[float]:
-        """This judge's GPU held alone (``ptxgym.device.lock.exclusive_gpu``), handed on to its
-        next exclusive holder for up to ``settings.exclusive_chain_s``; yields the wait."""
-        return exclusive_gpu(self.device, self.settings.exclusive_chain_s)
-
     # ----------------------------------------------------------------------------------------
     # Workload state: seeds, references, baselines; built once per (task, workload).
 
     def workload_state(self, task: Task, workload: WorkloadSpec) -> _WorkloadState:
         """The state of (task, workload): built once, by one thread, while others wait for it."""
         if not self.settings.reuse_state:
-            with self._gpu_alone():
+            with timing_hold(self.device, self.settings):
                 return self._build_state(task, workload)
         key = (task.model_dump_json(), workload.name)
         with self._mutex:
@@ -561,7 +594,7 @@ class Judge:
                 if state is not None:
                     self.states.move_to_end(key)
                     return state
-            with self._gpu_alone():
+            with timing_hold(self.device, self.settings):
                 state = self._build_state(task, workload)
             with self._mutex:
                 self.states[key] = state
@@ -739,7 +772,7 @@ class Judge:
             return Verdict(status, message, seconds=seconds, stage_seconds=stages), False
         # Tool runs for this evaluation's verdict, started ahead (their start-up overlaps the
         # evaluation, or an earlier one); before the word they only make their CUDA context,
-        # holding the GPU shared.
+        # holding the GPU's start-up lock shared.
         with self._mutex:
             self._in_flight += 1
             in_flight = self._in_flight
@@ -763,9 +796,7 @@ class Judge:
             stages["worker_start"] = time.perf_counter() - mark
             # Correctness holds the GPU shared (beside other checks, never beside a timing);
             # the timing holds it alone, from the last check's answer to the worker's end.
-            holds = _WorkerHolds(
-                self.device, self.settings.exclusive_chain_s, stages, alone=checks_alone
-            )
+            holds = _WorkerHolds(self.device, self.settings, stages, alone=checks_alone)
             try:
                 with holds:
                     try:
@@ -883,7 +914,7 @@ class Judge:
             calls[kind] = self._give_word(pool, kind, job)
         if not calls:
             return (), None
-        # Replacements start up while these run (their contexts wait for the GPU shared).
+        # Replacements start up while these run (their contexts wait for the start-up lock).
         with self._mutex:
             in_flight = self._in_flight
         self.tool_runs.top_up(in_flight)
@@ -1002,11 +1033,12 @@ class _WorkerHolds:
     ``worker_gpu`` (waiting for the GPU alone, and holding it, the worker's end included)."""
 
     def __init__(
-        self, device: int, chain_s: float, stages: dict[str, float], alone: bool = False
+        self, device: int, settings: JudgeSettings, stages: dict[str, float], alone: bool = False
     ) -> None:
-        """``alone``: the checks too hold the GPU alone (a retry, ``Judge.evaluate``)."""
+        """``settings``: the exclusive chain's length and whether start-ups may run beside the
+        timing. ``alone``: the checks too hold the GPU alone (a retry, ``Judge.evaluate``)."""
         self.device = device
-        self.chain_s = chain_s
+        self.settings = settings
         self.stages = stages
         self.held = contextlib.ExitStack()
         self.alone_from: float | None = None
@@ -1014,9 +1046,8 @@ class _WorkerHolds:
 
     def __enter__(self) -> _WorkerHolds:
         if self.checks_alone:
-            self.stages["gpu_wait"] = self.held.enter_context(
-                exclusive_gpu(self.device, self.chain_s)
-            )
+            timing = timing_hold(self.device, self.settings)
+            self.stages["gpu_wait"] = self.held.enter_context(timing)
             self.alone_from = self.checks_from = time.perf_counter()
             return self
         self.stages["checks_gpu_wait"] = self.held.enter_context(shared_gpu(self.device))
@@ -1031,7 +1062,7 @@ class _WorkerHolds:
         if self.checks_alone:
             return
         self.held.close()
-        self.stages["gpu_wait"] = self.held.enter_context(exclusive_gpu(self.device, self.chain_s))
+        self.stages["gpu_wait"] = self.held.enter_context(timing_hold(self.device, self.settings))
         self.alone_from = time.perf_counter()
 
     def __exit__(self, *exc: object) -> None:

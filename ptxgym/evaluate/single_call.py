@@ -12,13 +12,13 @@ session).
 
 Most of such a run is still start-up (the tool, Python, the CUDA context under the tool), so the
 judge keeps runs started ahead of need (``PendingCall``), not yet bound to a candidate, as it keeps
-workers. A waiting run has made its CUDA context (holding the GPU shared: ``ptxgym.device.lock``,
-unless ``JudgeSettings.lock_startups`` is off), and does nothing until the word: ``go``, with the
-job (the candidate's library, its task, and the input files the judge wrote into the run's
-folder), or ``stop``. After ``go`` it reads the inputs, then holds the GPU alone to copy them,
-load the candidate and call it (a profile run profiles the call in its turn:
-``ptxgym.device.lock.profiler_turn``). It runs with a scrubbed environment in a folder of its own,
-and gives up waiting when the judge is gone.
+workers. A waiting run has made its CUDA context (holding the GPU's start-up lock shared:
+``ptxgym.device.lock``, unless ``JudgeSettings.lock_startups`` is off), and does nothing until the
+word: ``go``, with the job (the candidate's library, its task, and the input files the judge wrote
+into the run's folder), or ``stop``. After ``go`` it reads the inputs, then holds the GPU (alone
+for a profile run, else shared) to copy them, load the candidate and call it (a profile run
+profiles the call in its turn: ``ptxgym.device.lock.profiler_turn``). It runs with a scrubbed
+environment in a folder of its own, and gives up waiting when the judge is gone.
 
 A Triton candidate (the job's entry kind) is imported before the GPU is held, with a copy of its
 compiled cache beside it (``hand_candidate``); the run wraps its own allocations as tensors, and
@@ -49,6 +49,7 @@ from ptxgym.device.lock import (
     profiler_lock_path,
     profiler_turn,
     startup_hold,
+    startup_lock_path,
 )
 from ptxgym.evaluate.cupti_helper import THREAD_METRIC, WARP_METRIC, SassCounter
 from ptxgym.evaluate.timing import seconds_into
@@ -157,7 +158,7 @@ class PendingCall:
     ) -> None:
         """``under_profiler``: a run under Nsight Compute, which profiles its call only in its
         turn (``ptxgym.device.lock.profiler_turn``). ``lock_startup``: it makes its CUDA context
-        holding the GPU shared (``ptxgym.evaluate.judge.JudgeSettings.lock_startups``).
+        holding the GPU's start-up lock shared (``JudgeSettings.lock_startups``).
         ``counter``: the CUPTI helper (``ptxgym.evaluate.cupti_helper``), with which the run
         counts the executed SASS instructions of its call into ``COUNTS_FILE``. ``exclusive``:
         the call holds the GPU alone; else shared, beside other shared holders and never beside
@@ -172,7 +173,7 @@ class PendingCall:
         spec = {
             "gpu_lock": str(lock_path(device)),
             # Held shared while the context is made (None: without the lock).
-            "startup_lock": str(lock_path(device)) if lock_startup else None,
+            "startup_lock": str(startup_lock_path(device)) if lock_startup else None,
             "go": str(self._go),
             "stop": str(self._stop),
             "job": str(self._job),
@@ -292,7 +293,8 @@ def run_job(spec_path: str) -> int:
     gpu_lock = Path(spec["gpu_lock"])
     # The start-up (Python, the driver with the tool's injection, the CUDA context under the
     # tool) happens ahead of need, so that after the word only the call is left. The context is
-    # made holding the GPU shared: a context made beside a timing moves it (ptxgym.device.lock).
+    # made holding the GPU's start-up lock shared: a context made beside a timing moves it
+    # (ptxgym.device.lock).
     # Nothing else touches the GPU before the word: inputs made ahead, by every waiting run,
     # held the GPU long enough to keep timings waiting (docs/benchmarks.md, fourth session), and
     # no candidate code is loaded before it.
@@ -334,7 +336,9 @@ def run_job(spec_path: str) -> int:
     # A profile run's call has the GPU to itself: Nsight Compute's runs sharing the GPU made a
     # step slower, not faster, on the H200 (docs/benchmarks.md, third session). A sanitizer's
     # and a count run's hold it shared (``exclusive`` false): what memcheck finds and what
-    # CUPTI counts do not depend on what else runs, and neither runs beside a timing.
+    # CUPTI counts do not depend on what else runs, and neither runs beside a timing. None
+    # keeps start-ups out (the start-up lock is a timing's): a context made in another process
+    # changes no count the profiler takes.
     started = time.perf_counter()
     profiler_lock = Path(spec["profiler_lock"]) if spec["profiler_lock"] else None
     with holding(gpu_lock, exclusive=spec["exclusive"]) as waited, contextlib.ExitStack() as turn:
@@ -461,7 +465,7 @@ def profiled(cuda: DriverContext, launch: Callable[[], T]) -> T:
 def call_seconds(output: str) -> dict[str, float]:
     """Where a run's seconds went, from the last line it printed for the judge. Before the
     word: ``driver`` (loading the driver and the tool's injection, outside the GPU lock),
-    ``context`` (making the CUDA context under the tool, waiting for the GPU shared included)
+    ``context`` (making the CUDA context under the tool, waiting for the start-up lock included)
     and ``ready`` (waiting for the word; about 0 when the start-up itself kept the judge
     waiting). After it: ``read`` (the input files), ``gpu_wait`` (waiting to have the GPU
     alone) and ``gpu`` (holding it), made of ``profiler_wait`` (a profile run's wait for its

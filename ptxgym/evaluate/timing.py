@@ -236,7 +236,7 @@ class Timer:
         properties = torch.cuda.get_device_properties(torch.cuda.current_device())
         l2_bytes = int(getattr(properties, "L2_cache_size", 64 << 20))
         # Made at the first flush, while the GPU is held alone: a process's start-up, which
-        # holds the GPU shared, makes its CUDA context and nothing else on the GPU
+        # holds the start-up lock shared, makes its CUDA context and nothing else on the GPU
         # (ptxgym.device.lock).
         self.flush_bytes = max(2 * l2_bytes, 256 << 20)
         self.flush_buffer: Any = None

@@ -43,7 +43,7 @@ class ToolRuns:
         """``spare``: sanitizer runs kept waiting beyond one per evaluation in flight.
         ``spare_profiles``: profile runs kept waiting, whatever the evaluations in flight.
         ``profile_details``: profiles also collect ``ptxgym.evaluate.profile.DETAIL_METRICS``.
-        ``lock_startups``: runs make their CUDA contexts holding the GPU shared.
+        ``lock_startups``: runs make their CUDA contexts holding the start-up lock shared.
         ``profile_method``: what the profile runs count with, Nsight Compute (``ncu``) or
         CUPTI's SASS metrics (``cupti``, ``ptxgym.evaluate.count``)."""
         self.profile_method = profile_method

@@ -194,9 +194,10 @@ def worker_main(
     startup_lock: str | None,
     use_cupti: bool = True,
 ) -> None:
-    """Process entry: set up, report ready, serve one job, exit. ``startup_lock``: the GPU
-    lock's file, held shared while the CUDA context is made (``ptxgym.device.lock.startup_hold``;
-    None: made without the lock). ``use_cupti``: time with CUPTI (the judge's settings)."""
+    """Process entry: set up, report ready, serve one job, exit. ``startup_lock``: the GPU's
+    start-up lock file, held shared while the CUDA context is made
+    (``ptxgym.device.lock.startup_hold``; None: made without the lock). ``use_cupti``: time
+    with CUPTI (the judge's settings)."""
     log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     os.dup2(log, 1)
     os.dup2(log, 2)

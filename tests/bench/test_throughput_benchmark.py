@@ -1,5 +1,6 @@
 """benchmarks/throughput.py: its steady rate (the first and the last round of steps left out),
-distinct steps that compile in every run, and the GPU lock's holders named."""
+distinct steps that compile in every run, the GPU lock's holders named, and how start-ups met
+timings said."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pytest
 from benchmark_scripts import load_benchmark
 
 from ptxgym.evaluate.compile_only import CompileOnlyEvaluator
+from ptxgym.evaluate.judge import JudgeSettings
 
 throughput = load_benchmark("throughput")
 
@@ -76,3 +78,19 @@ def test_a_lock_holder_is_named_by_its_process_id() -> None:
         text=True,
     )
     assert throughput.kind_of_pid(int(ended.stdout)) == "a process gone before it was named"
+
+
+@pytest.mark.parametrize(
+    ("lock_startups", "beside", "iters", "said"),
+    [
+        (True, None, 50, "locked"),
+        (True, 50, 50, "beside timings of 50+ calls per trial"),
+        (True, 50, 5, "locked"),
+        (False, None, 50, "without the lock"),
+    ],
+)
+def test_the_report_says_how_start_ups_met_timings(
+    lock_startups: bool, beside: int | None, iters: int, said: str
+) -> None:
+    settings = JudgeSettings(lock_startups=lock_startups, startups_beside_iters=beside, iters=iters)
+    assert throughput.startup_policy(settings.__dict__) == said

@@ -1,7 +1,9 @@
 """The GPU lock on the CPU: exclusive holders alone and first come first served, across processes
 and threads; shared holders together, never with an exclusive one, which goes before later ones;
-and the start-ups of workers and tool runs make their CUDA context holding the GPU shared (without
-it when the judge's settings turn that off)."""
+a timing keeps start-ups out unless its settings let them beside it, and waits for contexts and
+checks at once; holders of every kind mixed never wait on each other for good; and the start-ups
+of workers and tool runs make their CUDA context holding the start-up lock shared (without it
+when the judge's settings turn that off)."""
 
 from __future__ import annotations
 
@@ -12,11 +14,21 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from ptxgym.device import lock as gpu_lock
-from ptxgym.device.lock import exclusive_gpu, holding, lock_path, profiler_lock_path
+from ptxgym.device.lock import (
+    exclusive_gpu,
+    holding,
+    lock_path,
+    profiler_lock_path,
+    shared_gpu,
+    startup_hold,
+    startup_lock_path,
+)
+from ptxgym.evaluate.judge import JudgeSettings, timing_hold
 
 
 def _hold(cache: str, locks: str, log: str, label: str) -> None:
@@ -161,7 +173,7 @@ def _chain(
     return order
 
 
-def test_exclusive_holders_of_one_process_pass_the_gpu_on_before_waiting_start_ups(
+def test_exclusive_holders_of_one_process_pass_the_gpu_on_before_waiting_shared_ones(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Released between them, the lock let every waiting start-up in after each holder.
@@ -170,7 +182,7 @@ def test_exclusive_holders_of_one_process_pass_the_gpu_on_before_waiting_start_u
     assert order == ["e0", "e1", "e2", "e3", "shared"]
 
 
-def test_a_chain_of_exclusive_holders_lets_waiting_start_ups_in_when_it_grows_old(
+def test_a_chain_of_exclusive_holders_lets_waiting_shared_ones_in_when_it_grows_old(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("PTXGYM_LOCK_DIR", str(tmp_path / "locks"))
@@ -178,6 +190,163 @@ def test_a_chain_of_exclusive_holders_lets_waiting_start_ups_in_when_it_grows_ol
     # In after the chain's first holders (the chain was young), not after all ten.
     assert 1 <= order.index("shared") < 10
     assert sorted(order) == sorted([*(f"e{i}" for i in range(10)), "shared"])
+
+
+def _startup_entered_during(timing: Any) -> bool:
+    """Whether a start-up arriving while ``timing`` (an exclusive hold) is held got its
+    start-up lock before the timing ended."""
+    entered: list[float] = []
+
+    def start_up() -> None:
+        with startup_hold(startup_lock_path(0)):
+            entered.append(time.monotonic())
+
+    with timing:
+        thread = threading.Thread(target=start_up)
+        thread.start()
+        time.sleep(0.3)
+        ended = time.monotonic()
+    thread.join(timeout=30)
+    assert len(entered) == 1
+    return entered[0] < ended
+
+
+@pytest.mark.parametrize(
+    ("iters", "startups_beside_iters", "beside"),
+    [(50, None, False), (5, 50, False), (50, 50, True), (200, 50, True)],
+    ids=["default", "few-calls", "as-many-calls", "more-calls"],
+)
+def test_a_timing_keeps_start_ups_out_unless_its_protocol_lets_them_beside(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    iters: int,
+    startups_beside_iters: int | None,
+    beside: bool,
+) -> None:
+    monkeypatch.setenv("PTXGYM_LOCK_DIR", str(tmp_path / "locks"))
+    settings = JudgeSettings(iters=iters, startups_beside_iters=startups_beside_iters)
+    assert settings.startups_beside_timings is beside
+    assert _startup_entered_during(timing_hold(0, settings)) is beside
+
+
+def test_an_exclusive_hold_that_is_no_timing_leaves_start_ups_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The profiler's call: it holds the GPU's lock alone, and a context changes no count.
+    monkeypatch.setenv("PTXGYM_LOCK_DIR", str(tmp_path / "locks"))
+    assert _startup_entered_during(holding(lock_path(0), exclusive=True))
+    assert not _startup_entered_during(exclusive_gpu(0))
+
+
+def test_the_settings_refuse_a_threshold_below_one_call() -> None:
+    with pytest.raises(ValueError, match="startups_beside_iters"):
+        JudgeSettings(startups_beside_iters=0)
+
+
+def test_a_timing_waits_for_contexts_and_checks_at_once_and_before_later_ones(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Both turnstiles are taken first: the timing waits for the longer of the two holds in
+    # progress, not for one and then the other, and neither lock lets anyone new in meanwhile.
+    monkeypatch.setenv("PTXGYM_LOCK_DIR", str(tmp_path / "locks"))
+    _make_lock_files()
+    events: dict[str, float] = {}
+
+    def hold(label: str, hold: Any, seconds: float) -> None:
+        with hold:
+            events[label] = time.monotonic()
+            time.sleep(seconds)
+
+    start = time.monotonic()
+    threads = [
+        threading.Thread(target=hold, args=("context", startup_hold(startup_lock_path(0)), 0.4)),
+        threading.Thread(target=hold, args=("checks", shared_gpu(0), 0.4)),
+    ]
+    for thread in threads:
+        thread.start()
+    time.sleep(0.05)
+    threads.append(threading.Thread(target=hold, args=("timing", exclusive_gpu(0), 0.2)))
+    threads[-1].start()
+    time.sleep(0.05)
+    late = {
+        "late context": startup_hold(startup_lock_path(0)),
+        "late checks": shared_gpu(0),
+    }
+    for label, held in late.items():
+        threads.append(threading.Thread(target=hold, args=(label, held, 0.0)))
+        threads[-1].start()
+    for thread in threads:
+        thread.join(timeout=30)
+    assert 0.35 <= events["timing"] - start < 0.7, events
+    assert events["late context"] >= events["timing"] + 0.15, events
+    assert events["late checks"] >= events["timing"] + 0.15, events
+
+
+def _mixed_holder(locks: str, log: str, label: str, seed: int) -> None:
+    """Holds of every kind, in a random order, each written to ``log`` with when it began and
+    ended."""
+    import random
+
+    os.environ["PTXGYM_LOCK_DIR"] = locks
+    choose = random.Random(seed)
+    holds = {
+        "timing": lambda: exclusive_gpu(0, chain_s=0.01),
+        "long-timing": lambda: exclusive_gpu(0, chain_s=0.01, startups_beside=True),
+        "profile": lambda: holding(lock_path(0), exclusive=True, chain_s=0.01),
+        "checks": lambda: shared_gpu(0),
+        "start-up": lambda: startup_hold(startup_lock_path(0)),
+    }
+
+    def work(thread: int) -> None:
+        for _ in range(25):
+            kind = choose.choice(list(holds))
+            with holds[kind]():
+                began = time.monotonic()
+                time.sleep(choose.uniform(0.0, 0.004))
+                ended = time.monotonic()
+            with open(log, "a") as out:
+                out.write(f"{label}-{thread} {kind} {began} {ended}\n")
+
+    threads = [threading.Thread(target=work, args=(index,)) for index in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+
+def test_holders_of_every_kind_mixed_never_deadlock_and_keep_the_rules(tmp_path: Path) -> None:
+    log = tmp_path / "log"
+    locks = str(tmp_path / "locks")
+    context = multiprocessing.get_context("spawn")
+    processes = [
+        context.Process(target=_mixed_holder, args=(locks, str(log), f"p{index}", index))
+        for index in range(3)
+    ]
+    for process in processes:
+        process.start()
+    for process in processes:
+        process.join(timeout=120)
+    stuck = [process for process in processes if process.exitcode is None]
+    for process in stuck:
+        process.kill()
+    assert not stuck, "holders waited on each other for good"
+    assert all(process.exitcode == 0 for process in processes)
+    holds = [line.split() for line in log.read_text().splitlines()]
+    assert len(holds) == 3 * 3 * 25
+    spans = [(kind, float(began), float(ended)) for _, kind, began, ended in holds]
+
+    def overlapping(first: set[str], second: set[str]) -> list[tuple[str, str]]:
+        return [
+            (a[0], b[0])
+            for a in spans
+            for b in spans
+            if a is not b and a[0] in first and b[0] in second and a[1] < b[2] and b[1] < a[2]
+        ]
+
+    exclusive = {"timing", "long-timing", "profile"}
+    assert not overlapping(exclusive, exclusive | {"checks"})
+    assert not overlapping({"timing"}, {"start-up"})
+    assert {kind for kind, _, _ in spans} == exclusive | {"checks", "start-up"}
 
 
 # A stand-in for ``make_context`` in a start-up: writes to its standard output whether the lock
@@ -219,11 +388,17 @@ def _probe_contexts_of(
     """Put the stand-in in place of ``module``'s context maker (named ``maker``); the lock
     file to hand the start-up (None when it is to start without the lock)."""
     monkeypatch.setenv("PTXGYM_LOCK_DIR", str(tmp_path / "locks"))
-    with holding(lock_path(0), exclusive=False):
-        pass  # the judge makes the lock's files before it starts workers and tool runs
+    _make_lock_files()
     monkeypatch.setattr(module, maker, _probe_lock)
-    monkeypatch.setattr(sys.modules[__name__], "_LOCK_FILE", [str(lock_path(0))])
-    return str(lock_path(0)) if locked else None
+    monkeypatch.setattr(sys.modules[__name__], "_LOCK_FILE", [str(startup_lock_path(0))])
+    return str(startup_lock_path(0)) if locked else None
+
+
+def _make_lock_files() -> None:
+    """The GPU's lock files, as the judge's start leaves them (before it starts workers and
+    tool runs, which cannot make them once confined)."""
+    with shared_gpu(0), startup_hold(startup_lock_path(0)):
+        pass
 
 
 @pytest.mark.parametrize("locked", [True, False], ids=["locked", "lock_startups_off"])
@@ -309,8 +484,7 @@ def test_a_profile_run_loads_and_calls_the_candidate_in_its_turn_without_torch(
     from ptxgym.tasks import get_task
 
     monkeypatch.setenv("PTXGYM_LOCK_DIR", str(tmp_path / "locks"))
-    with holding(lock_path(0), exclusive=False):
-        pass  # the GPU lock's files, as the judge's start leaves them
+    _make_lock_files()
     profile_run = PendingCall(device=0, prefix="profile-", under_profiler=True)
     sanitizer_run = PendingCall(device=0, prefix="memcheck-")
     spec = json.loads((profile_run.folder / "spec.json").read_text())
