@@ -464,6 +464,13 @@ def main() -> None:
         "(JudgeSettings.startups_beside_iters; the judge's timings make 50)",
     )
     parser.add_argument(
+        "--startup-linger-s",
+        type=float,
+        default=JudgeSettings.startup_linger_s,
+        help="the judge keeps the start-up lock this long after a timing for its next, so "
+        "start-ups come in batches (JudgeSettings.startup_linger_s)",
+    )
+    parser.add_argument(
         "--spawn-workers",
         action="store_true",
         help="workers started afresh, not forked from a process that has imported torch "
@@ -507,6 +514,7 @@ def main() -> None:
         check_streams=args.check_streams,
         lock_startups=not args.unlocked_startups,
         startups_beside_iters=args.startups_beside_iters,
+        startup_linger_s=args.startup_linger_s,
         fork_workers=not args.spawn_workers,
         spare_profile_runs=args.spare_profile_runs,
         exclusive_chain_s=args.exclusive_chain_s,
@@ -609,9 +617,10 @@ def startup_policy(settings: dict[str, Any]) -> str:
     if not settings["lock_startups"]:
         return "without the lock"
     beside = settings["startups_beside_iters"]
-    if beside is None or settings["iters"] < beside:
-        return "locked"
-    return f"beside timings of {beside}+ calls per trial"
+    if beside is not None and settings["iters"] >= beside:
+        return f"beside timings of {beside}+ calls per trial"
+    linger = settings["startup_linger_s"]
+    return f"locked, batched by lingers of {linger:g} s" if linger > 0 else "locked"
 
 
 def report(results: dict[str, Any]) -> None:

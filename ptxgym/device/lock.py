@@ -28,10 +28,12 @@ the turnstile beside it is held by an exclusive holder from its arrival to its e
 briefly by shared ones, which is what makes waiting exclusive holders come first. An exclusive
 holder of both locks takes both turnstiles before either lock (start-up lock first, then the
 GPU's), so that it waits for the contexts being made and the checks in progress at once, not
-one after the other; every holder takes what it takes in that one order, and a shared holder
-holds one lock at a time, so no two holders ever wait on each other. Exclusive waiters inside
+one after the other. Every holder takes what it takes in that one order, and a shared holder
+holds one lock at a time, so no holders can wait on each other in a circle. Exclusive waiters inside
 one process are served first come, first served, and pass the locks from one to the next
-without letting go of them, for up to ``EXCLUSIVE_CHAIN_S`` by default (``_ExclusiveQueue``). A
+without letting go of them, for up to ``EXCLUSIVE_CHAIN_S`` by default, and may keep the
+start-up lock through a gap between them (``linger_s``), so that start-ups come in batches
+(``_ExclusiveQueue``). A
 process holding the GPU exclusively must not ask for it shared (a second ``flock`` of the same
 file would wait for the first): what it does under the exclusive hold is covered by it.
 
@@ -73,22 +75,35 @@ EXCLUSIVE_CHAIN_S = 5.0
 
 
 class _ExclusiveQueue:
-    """This process's exclusive holders of the same lock files (in the order they are taken):
-    first come, first served, the files' locks passed on still held while the chain is younger
-    than the limit its first holder set (``chain_s``)."""
+    """This process's exclusive holders of the same lock files (the start-up lock's, if any,
+    then the GPU's): first come, first served, the files' locks passed on still held while the
+    chain is younger than the limit its first holder set (``chain_s``).
+
+    With ``linger_s`` (also the first holder's), a holder that leaves with nobody in line keeps
+    the start-up lock for up to that long, within the chain's limit, and releases only the
+    GPU's: checks go on while start-ups keep waiting, so that they make their contexts together
+    at the chain's end, not in every gap between timings, where the next timing would wait for
+    them. A timer releases it when nobody came. Keeping the start-up lock's turnstile too keeps
+    the order safe: every other exclusive holder of that lock takes its turnstile first, so none
+    of them holds anything this queue's next holder waits for."""
 
     def __init__(self, paths: tuple[Path, ...]) -> None:
-        self._paths = paths
         self._mutex = threading.Lock()
         self._queue: collections.deque[threading.Event] = collections.deque()
         self._held = False
-        # Touched only by the thread whose turn it is: the turnstiles' and the lock files'
-        # descriptors while their locks are held (in the order taken), and since when.
-        self._descriptors: list[int] | None = None
+        # The files in the order they are taken (every turnstile first: from then on no new
+        # shared holder enters either lock), and those kept while lingering.
+        self._files = [*map(turnstile_path, paths), *paths]
+        self._lingering_files = [*map(turnstile_path, paths[:-1]), *paths[:-1]]
+        # Touched only by the thread whose turn it is, or under the mutex while nobody's turn
+        # it is: the descriptors of the files whose locks are held, and since when.
+        self._descriptors: dict[Path, int] = {}
         self._chain_started = 0.0
         self._chain_s = EXCLUSIVE_CHAIN_S
+        self._linger_s = 0.0
+        self._lingers = 0  # which linger a timer may end (a later one supersedes it)
 
-    def acquire(self, chain_s: float) -> None:
+    def acquire(self, chain_s: float, linger_s: float = 0.0) -> None:
         turn = None
         with self._mutex:
             if self._held or self._queue:
@@ -98,31 +113,49 @@ class _ExclusiveQueue:
                 self._held = True
         if turn is not None:
             turn.wait()
-        if self._descriptors is not None:
+        missing = [path for path in self._files if path not in self._descriptors]
+        if not missing:
             return  # handed on, still locked
-        descriptors: list[int] = []
+        chain_goes_on = len(missing) < len(self._files)  # after a linger
         try:
-            # Every turnstile first: from here on no new shared holder enters either lock.
-            for path in [*map(turnstile_path, self._paths), *self._paths]:
-                descriptors.append(_lock(path, fcntl.LOCK_EX))
+            for path in missing:
+                self._descriptors[path] = _lock(path, fcntl.LOCK_EX)
         except BaseException:
-            _close(descriptors)
+            self._close(self._files)
             self.release()  # the next in line takes the locks itself
             raise
-        self._descriptors = descriptors
-        self._chain_started = time.monotonic()
-        self._chain_s = chain_s
+        if not chain_goes_on:
+            self._chain_started = time.monotonic()
+            self._chain_s = chain_s
+            self._linger_s = linger_s
 
     def release(self) -> None:
         with self._mutex:
-            chain_over = time.monotonic() - self._chain_started >= self._chain_s
-            if self._descriptors is not None and (chain_over or not self._queue):
-                _close(self._descriptors)
-                self._descriptors = None
+            chain_left = self._chain_s - (time.monotonic() - self._chain_started)
+            if chain_left <= 0:
+                self._close(self._files)
+            elif not self._queue:
+                linger = min(self._linger_s, chain_left) if self._lingering_files else 0.0
+                kept = self._lingering_files if linger > 0 else []
+                self._close([path for path in self._files if path not in kept])
+                if kept:
+                    self._lingers += 1
+                    timer = threading.Timer(linger, self._end_linger, (self._lingers,))
+                    timer.daemon = True
+                    timer.start()
             if self._queue:
                 self._queue.popleft().set()  # the turn passes straight to the next in line
             else:
                 self._held = False
+
+    def _end_linger(self, linger: int) -> None:
+        with self._mutex:
+            if not self._held and linger == self._lingers:
+                self._close(self._files)
+
+    def _close(self, files: list[Path]) -> None:
+        """Release the locks of ``files`` held, the last taken first."""
+        _close([self._descriptors.pop(path) for path in files if path in self._descriptors])
 
 
 _queues: dict[tuple[Path, ...], _ExclusiveQueue] = {}
@@ -146,14 +179,20 @@ def startup_lock_of(gpu_lock: Path) -> Path:
 
 
 def exclusive_gpu(
-    device: int, chain_s: float = EXCLUSIVE_CHAIN_S, startups_beside: bool = False
+    device: int,
+    chain_s: float = EXCLUSIVE_CHAIN_S,
+    startups_beside: bool = False,
+    linger_s: float = 0.0,
 ) -> contextlib.AbstractContextManager[float]:
     """Hold GPU ``device`` alone for this block, for a timing; yields the seconds spent waiting
     for it. ``chain_s``: how long a chain this holder starts may hand the locks on unreleased.
     ``startups_beside``: other processes may make CUDA contexts meanwhile (a timing of many
-    calls per trial); else the start-up lock is held alone too."""
+    calls per trial); else the start-up lock is held alone too, and kept for up to
+    ``linger_s`` after the chain's last holder, for its next (``_ExclusiveQueue``)."""
     startups = None if startups_beside else startup_lock_path(device)
-    return holding(lock_path(device), exclusive=True, chain_s=chain_s, startups=startups)
+    return holding(
+        lock_path(device), exclusive=True, chain_s=chain_s, startups=startups, linger_s=linger_s
+    )
 
 
 def shared_gpu(device: int) -> contextlib.AbstractContextManager[float]:
@@ -190,10 +229,12 @@ def holding(
     exclusive: bool = True,
     chain_s: float = EXCLUSIVE_CHAIN_S,
     startups: Path | None = None,
+    linger_s: float = 0.0,
 ) -> Iterator[float]:
     """Hold the lock whose file is ``path``, alone or shared (a child process is given the
     path, since its scrubbed environment cannot locate ptxgym's folders); an exclusive holder
-    holds the start-up lock whose file is ``startups`` alone too, where one is given."""
+    holds the start-up lock whose file is ``startups`` alone too, where one is given, and
+    keeps it up to ``linger_s`` for the process's next exclusive holder."""
     started = time.perf_counter()
     if not exclusive:
         with _locked(turnstile_path(path), fcntl.LOCK_EX):
@@ -204,7 +245,7 @@ def holding(
     files = (path,) if startups is None else (startups, path)
     with _queues_mutex:
         queue = _queues.setdefault(files, _ExclusiveQueue(files))
-    queue.acquire(chain_s)
+    queue.acquire(chain_s, linger_s)
     try:
         yield time.perf_counter() - started
     finally:

@@ -213,6 +213,15 @@ class JudgeSettings:
     # on start-ups 0.54 s per evaluation, 31 % of the time; docs/benchmarks.md, twenty-seventh
     # session). Whatever this judge's own start-ups do, this decides for its timings.
     startups_beside_iters: int | None = None
+    # After a timing that keeps start-ups out, with no other timing of this judge in line, the
+    # judge keeps the start-up lock up to this long for its next timing (within
+    # exclusive_chain_s of the chain's start) and releases only the GPU's lock: checks go on,
+    # and the start-ups waiting make their contexts together at the chain's end rather than in
+    # every gap between timings, where each next timing waited for them (0.54 s per evaluation
+    # at 16 trajectories on the H200, docs/benchmarks.md, twenty-seventh session). Start-ups
+    # wait up to a chain then: the spare workers and tool runs must cover one. 0: the start-up
+    # lock goes with the GPU's, as until measured.
+    startup_linger_s: float = 0.0
     # Workers forked from a process of the judge's that has imported what a worker imports
     # (``worker_context``) instead of started afresh, which imports Python's and torch's modules
     # again: an evaluation with the tools off cost 1.3 CPU-seconds forked against 4.7 spawned on
@@ -232,6 +241,8 @@ class JudgeSettings:
                 "startups_beside_iters must be None or at least 1, "
                 f"not {self.startups_beside_iters}"
             )
+        if not self.startup_linger_s >= 0:
+            raise ValueError(f"startup_linger_s must be at least 0, not {self.startup_linger_s}")
 
     @property
     def startups_beside_timings(self) -> bool:
@@ -243,8 +254,14 @@ class JudgeSettings:
 def timing_hold(device: int, settings: JudgeSettings) -> contextlib.AbstractContextManager[float]:
     """GPU ``device`` held alone for a timing under ``settings`` (``ptxgym.device.lock``):
     handed on to the process's next exclusive holder for up to ``exclusive_chain_s``, start-ups
-    kept out unless ``startups_beside_timings``; yields the wait."""
-    return exclusive_gpu(device, settings.exclusive_chain_s, settings.startups_beside_timings)
+    kept out unless ``startups_beside_timings`` (and then up to ``startup_linger_s`` longer);
+    yields the wait."""
+    return exclusive_gpu(
+        device,
+        settings.exclusive_chain_s,
+        settings.startups_beside_timings,
+        settings.startup_linger_s,
+    )
 
 
 @dataclass(frozen=True)

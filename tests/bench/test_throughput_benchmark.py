@@ -81,16 +81,22 @@ def test_a_lock_holder_is_named_by_its_process_id() -> None:
 
 
 @pytest.mark.parametrize(
-    ("lock_startups", "beside", "iters", "said"),
+    ("lock_startups", "beside", "iters", "linger", "said"),
     [
-        (True, None, 50, "locked"),
-        (True, 50, 50, "beside timings of 50+ calls per trial"),
-        (True, 50, 5, "locked"),
-        (False, None, 50, "without the lock"),
+        (True, None, 50, 0.0, "locked"),
+        (True, 50, 50, 0.0, "beside timings of 50+ calls per trial"),
+        (True, 50, 5, 0.0, "locked"),
+        (True, None, 50, 2.0, "locked, batched by lingers of 2 s"),
+        (False, None, 50, 0.0, "without the lock"),
     ],
 )
 def test_the_report_says_how_start_ups_met_timings(
-    lock_startups: bool, beside: int | None, iters: int, said: str
+    lock_startups: bool, beside: int | None, iters: int, linger: float, said: str
 ) -> None:
-    settings = JudgeSettings(lock_startups=lock_startups, startups_beside_iters=beside, iters=iters)
+    settings = JudgeSettings(
+        lock_startups=lock_startups,
+        startups_beside_iters=beside,
+        iters=iters,
+        startup_linger_s=linger,
+    )
     assert throughput.startup_policy(settings.__dict__) == said

@@ -1,9 +1,10 @@
 """The GPU lock on the CPU: exclusive holders alone and first come first served, across processes
 and threads; shared holders together, never with an exclusive one, which goes before later ones;
-a timing keeps start-ups out unless its settings let them beside it, and waits for contexts and
-checks at once; holders of every kind mixed never wait on each other for good; and the start-ups
-of workers and tool runs make their CUDA context holding the start-up lock shared (without it
-when the judge's settings turn that off)."""
+a timing keeps start-ups out unless its settings let them beside it, waits for contexts and
+checks at once, and may keep start-ups waiting for its process's next timing; holders of every
+kind mixed never wait on each other for good; and the start-ups of workers and tool runs make
+their CUDA context holding the start-up lock shared (without it when the judge's settings turn
+that off)."""
 
 from __future__ import annotations
 
@@ -282,6 +283,69 @@ def test_a_timing_waits_for_contexts_and_checks_at_once_and_before_later_ones(
     assert events["late checks"] >= events["timing"] + 0.15, events
 
 
+def _entries_after_a_lingering_timing(
+    linger_s: float, chain_s: float = 5.0, timings: int = 1
+) -> dict[str, float]:
+    """``timings`` timings of 0.1 s, each next one arriving 0.05 s after the last ended, with a
+    start-up and a check arriving during the first: when each got in, from the first's end."""
+    entered: dict[str, float] = {}
+
+    def enter(label: str, hold: Any) -> None:
+        with hold:
+            entered[label] = time.monotonic()
+
+    lingering = exclusive_gpu(0, chain_s=chain_s, linger_s=linger_s)
+    waiting = [
+        threading.Thread(target=enter, args=("start-up", startup_hold(startup_lock_path(0)))),
+        threading.Thread(target=enter, args=("checks", shared_gpu(0))),
+    ]
+    with lingering:
+        for thread in waiting:
+            thread.start()
+        time.sleep(0.1)
+    first_ended = time.monotonic()
+    for index in range(1, timings):
+        time.sleep(0.05)
+        with exclusive_gpu(0, chain_s=chain_s, linger_s=linger_s):
+            entered[f"timing {index}"] = time.monotonic()
+            time.sleep(0.1)
+    for thread in waiting:
+        thread.join(timeout=30)
+    return {label: when - first_ended for label, when in entered.items()}
+
+
+def test_a_lingering_timing_keeps_start_ups_waiting_but_lets_checks_in(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PTXGYM_LOCK_DIR", str(tmp_path / "locks"))
+    _make_lock_files()
+    entered = _entries_after_a_lingering_timing(linger_s=0.5)
+    assert entered["checks"] < 0.2, entered
+    assert 0.4 <= entered["start-up"] < 1.5, entered  # the timer released it
+
+
+def test_without_a_linger_start_ups_come_in_when_the_timing_ends(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PTXGYM_LOCK_DIR", str(tmp_path / "locks"))
+    _make_lock_files()
+    entered = _entries_after_a_lingering_timing(linger_s=0.0)
+    assert entered["start-up"] < 0.2 and entered["checks"] < 0.2, entered
+
+
+def test_the_next_timing_takes_over_a_linger_and_the_chain_s_limit_ends_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Timings 0.05 s apart, each within the last one's linger: the start-up waits for the
+    # chain's limit (0.6 s from the first timing's start), not for the last timing.
+    monkeypatch.setenv("PTXGYM_LOCK_DIR", str(tmp_path / "locks"))
+    _make_lock_files()
+    entered = _entries_after_a_lingering_timing(linger_s=0.3, chain_s=0.6, timings=10)
+    assert entered["timing 1"] < entered["start-up"], entered
+    assert 0.35 <= entered["start-up"] < 1.0, entered
+    assert entered["timing 9"] > entered["start-up"], entered
+
+
 def _mixed_holder(locks: str, log: str, label: str, seed: int) -> None:
     """Holds of every kind, in a random order, each written to ``log`` with when it began and
     ended."""
@@ -291,6 +355,7 @@ def _mixed_holder(locks: str, log: str, label: str, seed: int) -> None:
     choose = random.Random(seed)
     holds = {
         "timing": lambda: exclusive_gpu(0, chain_s=0.01),
+        "lingering-timing": lambda: exclusive_gpu(0, chain_s=0.02, linger_s=0.005),
         "long-timing": lambda: exclusive_gpu(0, chain_s=0.01, startups_beside=True),
         "profile": lambda: holding(lock_path(0), exclusive=True, chain_s=0.01),
         "checks": lambda: shared_gpu(0),
@@ -343,9 +408,9 @@ def test_holders_of_every_kind_mixed_never_deadlock_and_keep_the_rules(tmp_path:
             if a is not b and a[0] in first and b[0] in second and a[1] < b[2] and b[1] < a[2]
         ]
 
-    exclusive = {"timing", "long-timing", "profile"}
+    exclusive = {"timing", "lingering-timing", "long-timing", "profile"}
     assert not overlapping(exclusive, exclusive | {"checks"})
-    assert not overlapping({"timing"}, {"start-up"})
+    assert not overlapping({"timing", "lingering-timing"}, {"start-up"})
     assert {kind for kind, _, _ in spans} == exclusive | {"checks", "start-up"}
 
 
