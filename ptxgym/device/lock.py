@@ -21,21 +21,21 @@ processes making contexts were told. The exclusive holds that are no timing (the
 call) leave the start-up lock alone: a context made beside it changes no count.
 
 Each lock is a pair of ``flock``s on files named after the physical GPU, in one folder for the
-whole machine (``paths.lock_dir``: not the cache folder, which differs between users, test
-sessions and benchmark runs), so it holds between processes and ends with the process that
-holds it (a killed holder never leaves it locked). The main file is held exclusively or shared;
-the turnstile beside it is held by an exclusive holder from its arrival to its end and crossed
-briefly by shared ones, which is what makes waiting exclusive holders come first. An exclusive
-holder of both locks takes both turnstiles before either lock (start-up lock first, then the
-GPU's), so that it waits for the contexts being made and the checks in progress at once, not
-one after the other. Every holder takes what it takes in that one order, and a shared holder
-holds one lock at a time, so no holders can wait on each other in a circle. Exclusive waiters inside
-one process are served first come, first served, and pass the locks from one to the next
-without letting go of them, for up to ``EXCLUSIVE_CHAIN_S`` by default, and may keep the
-start-up lock through a gap between them (``linger_s``), so that start-ups come in batches
-(``_ExclusiveQueue``). A
-process holding the GPU exclusively must not ask for it shared (a second ``flock`` of the same
-file would wait for the first): what it does under the exclusive hold is covered by it.
+whole machine (``paths.lock_dir``: not the cache folder, which differs between users, test sessions
+and benchmark runs), so it holds between processes and ends with the process that holds it (a
+killed holder never leaves it locked). The main file is held exclusively or shared; the turnstile
+beside it is held by an exclusive holder from its arrival to its end and crossed briefly by shared
+ones, which is what makes waiting exclusive holders come first. An exclusive holder of both locks
+takes both turnstiles before either lock (start-up lock first, then the GPU's), so that it waits
+for the contexts being made and the checks in progress at once, not one after the other. Every
+holder takes what it takes in that one order, and a shared holder holds one lock at a time, so no
+holders can wait on each other in a circle. Exclusive waiters inside one process are served first
+come, first served, and pass the locks from one to the next without letting go of them, for up to
+``EXCLUSIVE_CHAIN_S`` by default, and may keep the start-up lock through a gap between them
+(``linger_s``), so that start-ups come in batches (``_ExclusiveQueue``, which says why the order
+stays safe then). A process holding the GPU exclusively must not ask for it shared (a second
+``flock`` of the same file would wait for the first): what it does under the exclusive hold is
+covered by it.
 
 Beside it, one more lock for the whole machine: Nsight Compute's turn (``profiler_turn``). Two
 processes profiling at once make the driver refuse one ("Profiling failed because a driver
