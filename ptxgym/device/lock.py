@@ -28,14 +28,17 @@ beside it is held by an exclusive holder from its arrival to its end and crossed
 ones, which is what makes waiting exclusive holders come first. An exclusive holder of both locks
 takes both turnstiles before either lock (start-up lock first, then the GPU's), so that it waits
 for the contexts being made and the checks in progress at once, not one after the other. Every
-holder takes what it takes in that one order, and a shared holder holds one lock at a time, so no
-holders can wait on each other in a circle. Exclusive waiters inside one process are served first
-come, first served, and pass the locks from one to the next without letting go of them, for up to
-``EXCLUSIVE_CHAIN_S`` by default, and may keep the start-up lock through a gap between them
-(``linger_s``), so that start-ups come in batches (``_ExclusiveQueue``, which says why the order
-stays safe then). A process holding the GPU exclusively must not ask for it shared (a second
-``flock`` of the same file would wait for the first): what it does under the exclusive hold is
-covered by it.
+holder takes what it takes in that one order (a lingering start-up lock aside), a shared holder
+holds one lock at a time, and no holder of the GPU's lock waits for a start-up (so none makes a
+CUDA context under it), so no holders can wait on each other in a circle. Exclusive waiters inside
+one process are served first come, first served, and pass the locks from one to the next without
+letting go of them, for up to ``EXCLUSIVE_CHAIN_S`` by default, and may keep the start-up lock
+through a gap between them (``linger_s``), so that start-ups come in batches (``_ExclusiveQueue``,
+which says why the order stays safe then). Lingering descriptors are held outside any ``with``
+block: a process that forks without exec while one lingers passes it to its child (the judge starts
+workers through a fork server and programs through exec, whose descriptors close). A process
+holding the GPU exclusively must not ask for it shared (a second ``flock`` of the same file would
+wait for the first): what it does under the exclusive hold is covered by it.
 
 Beside it, one more lock for the whole machine: Nsight Compute's turn (``profiler_turn``). Two
 processes profiling at once make the driver refuse one ("Profiling failed because a driver
@@ -72,6 +75,10 @@ from ptxgym.device.gpus import physical_device
 # judge's queue and make their contexts together. The limit keeps other processes (tool runs'
 # calls, other judges) from waiting on one busy judge for long.
 EXCLUSIVE_CHAIN_S = 5.0
+# How long the next holder in line waits before taking the locks again when a chain ended by
+# age: long enough for the shared holders the release woke to cross the turnstiles (flock
+# serves no one in order, and the next holder's call would otherwise often win).
+_CHAIN_END_PAUSE_S = 0.02
 
 
 class _ExclusiveQueue:
@@ -83,9 +90,17 @@ class _ExclusiveQueue:
     the start-up lock for up to that long, within the chain's limit, and releases only the
     GPU's: checks go on while start-ups keep waiting, so that they make their contexts together
     at the chain's end, not in every gap between timings, where the next timing would wait for
-    them. A timer releases it when nobody came. Keeping the start-up lock's turnstile too keeps
-    the order safe: every other exclusive holder of that lock takes its turnstile first, so none
-    of them holds anything this queue's next holder waits for."""
+    them. A timer releases it when nobody came. The next holder then takes the GPU's turnstile
+    and lock while holding the start-up lock's, out of the usual order, which is still safe:
+    every other exclusive holder of the start-up lock waits at its turnstile holding nothing,
+    and the holders of the GPU's lock alone (checks, the profiler's call, timings that let
+    start-ups beside them) never wait for a start-up.
+
+    Holders that join a chain, or come after a linger, go by the chain's ``chain_s`` and
+    ``linger_s``, not their own. A chain ended by age lets the shared holders waiting in before
+    its next holder takes the locks again (``_CHAIN_END_PAUSE_S``). Between processes flock
+    serves no one in order: where several judges' chains follow one another without a gap, a
+    start-up may wait several chains."""
 
     def __init__(self, paths: tuple[Path, ...]) -> None:
         self._mutex = threading.Lock()
@@ -102,6 +117,7 @@ class _ExclusiveQueue:
         self._chain_s = EXCLUSIVE_CHAIN_S
         self._linger_s = 0.0
         self._lingers = 0  # which linger a timer may end (a later one supersedes it)
+        self._pause_first = False  # the next holder comes after a chain ended by age
 
     def acquire(self, chain_s: float, linger_s: float = 0.0) -> None:
         turn = None
@@ -112,12 +128,15 @@ class _ExclusiveQueue:
             else:
                 self._held = True
         if turn is not None:
-            turn.wait()
+            self._wait_for(turn)
         missing = [path for path in self._files if path not in self._descriptors]
         if not missing:
             return  # handed on, still locked
         chain_goes_on = len(missing) < len(self._files)  # after a linger
         try:
+            if self._pause_first:
+                self._pause_first = False
+                time.sleep(_CHAIN_END_PAUSE_S)
             for path in missing:
                 self._descriptors[path] = _lock(path, fcntl.LOCK_EX)
         except BaseException:
@@ -129,24 +148,43 @@ class _ExclusiveQueue:
             self._chain_s = chain_s
             self._linger_s = linger_s
 
+    def _wait_for(self, turn: threading.Event) -> None:
+        """Wait for ``turn``; interrupted (an exception in this thread), leave the line, or pass
+        the turn on if it came meanwhile, so that nobody waits for this thread."""
+        try:
+            turn.wait()
+        except BaseException:
+            with self._mutex:
+                waiting = turn in self._queue
+                if waiting:
+                    self._queue.remove(turn)
+            if not waiting:
+                self.release()
+            raise
+
     def release(self) -> None:
         with self._mutex:
             chain_left = self._chain_s - (time.monotonic() - self._chain_started)
+            linger = 0.0
             if chain_left <= 0:
                 self._close(self._files)
+                self._pause_first = bool(self._queue)
             elif not self._queue:
                 linger = min(self._linger_s, chain_left) if self._lingering_files else 0.0
                 kept = self._lingering_files if linger > 0 else []
                 self._close([path for path in self._files if path not in kept])
-                if kept:
-                    self._lingers += 1
-                    timer = threading.Timer(linger, self._end_linger, (self._lingers,))
-                    timer.daemon = True
-                    timer.start()
             if self._queue:
                 self._queue.popleft().set()  # the turn passes straight to the next in line
             else:
                 self._held = False
+            if linger > 0:
+                self._lingers += 1
+                timer = threading.Timer(linger, self._end_linger, (self._lingers,))
+                timer.daemon = True
+                try:
+                    timer.start()
+                except RuntimeError:  # no thread to be had (the interpreter ending): no linger
+                    self._close(self._files)
 
     def _end_linger(self, linger: int) -> None:
         with self._mutex:

@@ -219,8 +219,10 @@ class JudgeSettings:
     # and the start-ups waiting make their contexts together at the chain's end rather than in
     # every gap between timings, where each next timing waited for them (0.54 s per evaluation
     # at 16 trajectories on the H200, docs/benchmarks.md, twenty-seventh session). Start-ups
-    # wait up to a chain then: the spare workers and tool runs must cover one. 0: the start-up
-    # lock goes with the GPU's, as until measured.
+    # then wait about a chain (its exclusive_chain_s and its last hold): the spare workers and
+    # tool runs must cover one. Another judge's timings that keep start-ups out wait through a
+    # linger too, with the GPU's lock free. 0: the start-up lock goes with the GPU's, as until
+    # measured.
     startup_linger_s: float = 0.0
     # Workers forked from a process of the judge's that has imported what a worker imports
     # (``worker_context``) instead of started afresh, which imports Python's and torch's modules

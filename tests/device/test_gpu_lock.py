@@ -346,6 +346,78 @@ def test_the_next_timing_takes_over_a_linger_and_the_chain_s_limit_ends_it() -> 
     assert entered["timing 9"] > entered["start-up"], entered
 
 
+@pytest.mark.usefixtures("lock_files")
+def test_a_chain_ended_by_age_lets_the_waiting_start_ups_in_before_the_next() -> None:
+    # Two threads time back to back, so the chain only ends by age: each start-up waits for
+    # the end of the chain it arrived in, not for a later one (flock serves no one in order,
+    # and without the pause the next holder won the turnstile about every other time).
+    chain_s, until = 0.3, time.monotonic() + 2.5
+    waits: list[float] = []
+
+    def time_back_to_back() -> None:
+        while time.monotonic() < until:
+            with exclusive_gpu(0, chain_s=chain_s, linger_s=0.05):
+                time.sleep(0.02)
+
+    timings = [threading.Thread(target=time_back_to_back) for _ in range(2)]
+    for thread in timings:
+        thread.start()
+    time.sleep(0.1)
+    while time.monotonic() < until - 0.5:
+        arrived = time.monotonic()
+        with startup_hold(startup_lock_path(0)):
+            waits.append(time.monotonic() - arrived)
+        time.sleep(0.01)
+    for thread in timings:
+        thread.join(timeout=30)
+    assert len(waits) >= 4, waits
+    assert max(waits) < chain_s + 0.2, waits
+
+
+# A program that is interrupted while it waits in line for the GPU (SIGINT in its main thread),
+# then says whether the next exclusive and shared holders still get in.
+_INTERRUPTED_IN_LINE = """
+import os, signal, threading, time
+from ptxgym.device.lock import exclusive_gpu, shared_gpu
+
+def holder():
+    with exclusive_gpu(0, chain_s=5.0):
+        time.sleep(0.5)
+
+threading.Thread(target=holder).start()
+time.sleep(0.1)
+threading.Timer(0.2, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
+try:
+    with exclusive_gpu(0, chain_s=5.0):
+        print("not interrupted")
+except KeyboardInterrupt:
+    print("interrupted in line")
+time.sleep(0.6)  # the holder has let go: its turn must not go to the interrupted waiter
+for name, hold in (("exclusive", exclusive_gpu), ("shared", shared_gpu)):
+    entered = threading.Event()
+    def enter():
+        with hold(0):
+            entered.set()
+    threading.Thread(target=enter, daemon=True).start()
+    print(name, entered.wait(5))
+os._exit(0)
+"""
+
+
+def test_a_waiter_interrupted_in_line_leaves_it(tmp_path: Path) -> None:
+    import subprocess
+
+    environment = {**os.environ, "PTXGYM_LOCK_DIR": str(tmp_path / "locks")}
+    result = subprocess.run(
+        [sys.executable, "-c", _INTERRUPTED_IN_LINE],
+        capture_output=True,
+        text=True,
+        env=environment,
+        timeout=60,
+    )
+    assert result.stdout.split("\n")[:3] == ["interrupted in line", "exclusive True", "shared True"]
+
+
 def _mixed_holder(locks: str, log: str, label: str, seed: int) -> None:
     """Holds of every kind, in a random order, each written to ``log`` with when it began and
     ended."""
