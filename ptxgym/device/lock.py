@@ -211,6 +211,13 @@ def startup_lock_path(device: int) -> Path:
     return startup_lock_of(lock_path(device))
 
 
+def startup_lock_for(device: int, locked: bool) -> str | None:
+    """The start-up lock file a child process of device ``device`` holds while it makes its
+    CUDA context (``startup_hold``), as its spec names it: None where start-ups are not locked
+    (``JudgeSettings.lock_startups`` off)."""
+    return str(startup_lock_path(device)) if locked else None
+
+
 def startup_lock_of(gpu_lock: Path) -> Path:
     """The start-up lock file of the GPU whose lock file is ``gpu_lock``."""
     return gpu_lock.with_name(f"{gpu_lock.stem}.startups{gpu_lock.suffix}")

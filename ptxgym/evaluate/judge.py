@@ -37,6 +37,7 @@ from ptxgym.device.lock import (
     exclusive_gpu,
     shared_gpu,
     startup_hold,
+    startup_lock_for,
     startup_lock_path,
 )
 from ptxgym.evaluate import worker_protocol as protocol
@@ -368,7 +369,7 @@ class _Worker:
             target=worker_main,
             args=(
                 *(child, device, str(self.log_path), str(self.home)),
-                str(startup_lock_path(device)) if lock_startup else None,
+                startup_lock_for(device, lock_startup),
                 use_cupti,
             ),
             daemon=True,

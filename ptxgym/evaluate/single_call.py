@@ -49,7 +49,7 @@ from ptxgym.device.lock import (
     profiler_lock_path,
     profiler_turn,
     startup_hold,
-    startup_lock_path,
+    startup_lock_for,
 )
 from ptxgym.evaluate.cupti_helper import THREAD_METRIC, WARP_METRIC, SassCounter
 from ptxgym.evaluate.timing import seconds_into
@@ -173,7 +173,7 @@ class PendingCall:
         spec = {
             "gpu_lock": str(lock_path(device)),
             # Held shared while the context is made (None: without the lock).
-            "startup_lock": str(startup_lock_path(device)) if lock_startup else None,
+            "startup_lock": startup_lock_for(device, lock_startup),
             "go": str(self._go),
             "stop": str(self._stop),
             "job": str(self._job),
@@ -336,9 +336,9 @@ def run_job(spec_path: str) -> int:
     # A profile run's call has the GPU to itself: Nsight Compute's runs sharing the GPU made a
     # step slower, not faster, on the H200 (docs/benchmarks.md, third session). A sanitizer's
     # and a count run's hold it shared (``exclusive`` false): what memcheck finds and what
-    # CUPTI counts do not depend on what else runs, and neither runs beside a timing. None
-    # keeps start-ups out (the start-up lock is a timing's): a context made in another process
-    # changes no count the profiler takes.
+    # CUPTI counts do not depend on what else runs, and neither runs beside a timing. No call
+    # holds the start-up lock (a timing's alone): a context made in another process changes no
+    # count the profiler takes.
     started = time.perf_counter()
     profiler_lock = Path(spec["profiler_lock"]) if spec["profiler_lock"] else None
     with holding(gpu_lock, exclusive=spec["exclusive"]) as waited, contextlib.ExitStack() as turn:

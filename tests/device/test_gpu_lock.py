@@ -244,13 +244,10 @@ def test_the_settings_refuse_a_threshold_below_one_call() -> None:
         JudgeSettings(startups_beside_iters=0)
 
 
-def test_a_timing_waits_for_contexts_and_checks_at_once_and_before_later_ones(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+@pytest.mark.usefixtures("lock_files")
+def test_a_timing_waits_for_contexts_and_checks_at_once_and_before_later_ones() -> None:
     # Both turnstiles are taken first: the timing waits for the longer of the two holds in
     # progress, not for one and then the other, and neither lock lets anyone new in meanwhile.
-    monkeypatch.setenv("PTXGYM_LOCK_DIR", str(tmp_path / "locks"))
-    _make_lock_files()
     events: dict[str, float] = {}
 
     def hold(label: str, hold: Any, seconds: float) -> None:
