@@ -553,6 +553,7 @@ def main() -> None:
                 reuse_state=reuse_state,
                 lock_startups=settings.lock_startups,
                 startups_beside_iters=settings.startups_beside_iters,
+                startup_linger_s=settings.startup_linger_s,
                 fork_workers=settings.fork_workers,
             )
             sequential = LocalGPUEvaluator(settings=plain)
