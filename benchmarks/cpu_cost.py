@@ -41,7 +41,8 @@ from pathlib import Path
 from typing import Any
 
 from ptxgym.device.gpus import visible_gpus
-from ptxgym.evaluate.judge import Judge, JudgeSettings
+from ptxgym.evaluate.judge import Judge
+from ptxgym.evaluate.judge_settings import JudgeSettings
 from ptxgym.evaluate.local_gpu import incompatibility
 from ptxgym.evaluate.profile import PendingProfile
 from ptxgym.evaluate.sanitizer import PendingSanitizer

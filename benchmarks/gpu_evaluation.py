@@ -18,7 +18,7 @@ import yaml
 
 from ptxgym import paths
 from ptxgym.env import PTXKernelEnv
-from ptxgym.evaluate.judge import JudgeSettings
+from ptxgym.evaluate.judge_settings import JudgeSettings
 from ptxgym.evaluate.local_gpu import LocalGPUEvaluator, incompatibility
 from ptxgym.evaluate.roofline import peaks_for, speed_of_light
 from ptxgym.evaluate.timing import WorkloadTiming

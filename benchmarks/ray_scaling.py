@@ -71,7 +71,7 @@ from ptxgym import paths
 from ptxgym.env import PTXKernelEnv
 from ptxgym.evaluate.compile_only import CompileOnlyEvaluator
 from ptxgym.evaluate.evaluator import Evaluator
-from ptxgym.evaluate.judge import JudgeSettings
+from ptxgym.evaluate.judge_settings import JudgeSettings
 from ptxgym.evaluate.local_gpu import LocalGPUEvaluator, gpu_of, incompatibility
 from ptxgym.evaluate.ray_actors import task_generation
 from ptxgym.evaluate.ray_pool import PoolStats, RayEvaluator, import_ray

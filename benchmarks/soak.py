@@ -102,7 +102,7 @@ def main() -> None:
     from ptxgym.env import PTXKernelEnv
     from ptxgym.evaluate import local_gpu as gpu_evaluator
     from ptxgym.evaluate.build_step import build_candidate
-    from ptxgym.evaluate.judge import JudgeSettings
+    from ptxgym.evaluate.judge_settings import JudgeSettings
 
     # A 2-s stage deadline is ample for the small GEMM and keeps the hanging attacks cheap.
     # Every step uses a fresh worker, which takes seconds to start: with 4 started ahead, steps

@@ -43,7 +43,7 @@ from ptxgym.device.lock import lock_path
 from ptxgym.device.occupancy import OccupancySampler
 from ptxgym.env import PTXKernelEnv
 from ptxgym.evaluate.evaluator import Evaluator
-from ptxgym.evaluate.judge import JudgeSettings
+from ptxgym.evaluate.judge_settings import JudgeSettings
 from ptxgym.evaluate.local_gpu import LocalGPUEvaluator
 from ptxgym.evaluate.single_call import CALL_SECONDS_KEYS, JUDGE_SIDE_KEYS
 from ptxgym.evaluate.timing import TIMING_PHASES, TRIALS

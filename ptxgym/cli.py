@@ -31,7 +31,7 @@ from ptxgym.tasks.packs import KNOWLEDGE_LEVELS
 
 if TYPE_CHECKING:
     from ptxgym.agents.base import Agent
-    from ptxgym.evaluate.judge import JudgeSettings
+    from ptxgym.evaluate.judge_settings import JudgeSettings
 
 
 DEMO_CONCURRENCY = 4
@@ -383,7 +383,7 @@ def _add_judge_options(command: argparse._ActionsContainer) -> None:
 
 
 def _judge_settings(args: argparse.Namespace) -> JudgeSettings:
-    from ptxgym.evaluate.judge import JudgeSettings
+    from ptxgym.evaluate.judge_settings import JudgeSettings
 
     return JudgeSettings(
         memcheck=not args.no_memcheck,

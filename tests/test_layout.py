@@ -97,7 +97,7 @@ def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
 
 def test_the_graph_sees_the_imports_it_must() -> None:
     graph = _graph()
-    assert "ptxgym.evaluate.judge" in graph["ptxgym.evaluate.local_gpu"]
+    assert "ptxgym.evaluate.judge_settings" in graph["ptxgym.evaluate.local_gpu"]
     assert "ptxgym.evaluate" in graph["ptxgym.env"]  # the __init__ of the package imported from
     assert "ptxgym.evaluate.local_gpu" in graph["ptxgym.evaluate.evaluator"]  # a deferred import
     assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from ptxgym import prompt
-from ptxgym.evaluate.judge import JudgeSettings
+from ptxgym.evaluate.judge_settings import JudgeSettings
 from ptxgym.prompt import build_prompt
 from ptxgym.tasks import get_task
 

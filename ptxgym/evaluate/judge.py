@@ -1,12 +1,14 @@
 """The judge: the trusted GPU process that evaluates candidates through disposable workers.
 
-One judge per GPU. It holds the workload state that must never be visible to candidate code — the
-seeds, the reference outputs, the baseline latencies — and keeps it across steps. For each candidate
-it hands a fresh worker (``ptxgym.evaluate.worker``) the library and the seeds, holds the
-conversation with it (``Conversation``: every message taken against the protocol's script,
-``ptxgym.evaluate.worker_protocol``, and the claimed timing bounded by the judge's own clock),
-compares the outputs that come back with the references, and turns crashes, hangs, bad outputs and
-broken protocol into a verdict. A worker that dies, hangs or breaks its CUDA context costs only
+One judge per GPU (``JudgeSettings``: ``ptxgym.evaluate.judge_settings``). It holds the workload
+state that must never be visible to candidate code (``ptxgym.evaluate.workload_state``: the seeds,
+the reference outputs, the baseline latencies) and keeps it across steps. For each candidate it
+hands a fresh worker (``ptxgym.evaluate.worker``) the library and the seeds, holds the
+conversation with it (``ptxgym.evaluate.conversation``: every message taken against the
+protocol's script, the claimed timing bounded by the judge's own clock), compares the outputs that
+come back with the references (``_ReferenceChecks``), runs the tools the verdict calls for, and
+turns crashes, hangs, bad outputs and broken protocol into a verdict
+(``ptxgym.evaluate.verdict``). A worker that dies, hangs or breaks its CUDA context costs only
 itself: it is killed, and a spare, already started, serves the next candidate.
 """
 
@@ -14,7 +16,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import math
 import multiprocessing
 import os
 import random
@@ -24,45 +25,32 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
-from multiprocessing.connection import Connection
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from ptxgym.device.gpus import make_context, visible_gpus
-from ptxgym.device.lock import (
-    EXCLUSIVE_CHAIN_S,
-    exclusive_gpu,
-    shared_gpu,
-    startup_hold,
-    startup_lock_for,
-    startup_lock_path,
-)
-from ptxgym.evaluate import worker_protocol as protocol
+from ptxgym.device.lock import shared_gpu, startup_hold, startup_lock_for, startup_lock_path
 from ptxgym.evaluate.baselines import baseline_key, cached_baseline, store_baseline
 from ptxgym.evaluate.compile_run import Prepared, prepare
+from ptxgym.evaluate.conversation import CheckUnavailable, Conversation
 from ptxgym.evaluate.correctness import CheckReport, check_outputs
 from ptxgym.evaluate.count import self_test as count_self_test
 from ptxgym.evaluate.count_audit import audited
-from ptxgym.evaluate.profile import DEFAULT_TIMEOUT_S as DEFAULT_PROFILE_TIMEOUT_S
+from ptxgym.evaluate.judge_settings import JudgeSettings, timing_hold
 from ptxgym.evaluate.profile import InstructionProfile, PendingProfile, profile_metrics
-from ptxgym.evaluate.sanitizer import DEFAULT_TIMEOUT_S as DEFAULT_SANITIZER_TIMEOUT_S
 from ptxgym.evaluate.sanitizer import PendingSanitizer, SanitizerReport
 from ptxgym.evaluate.single_call import CallJob, hand_candidate
-from ptxgym.evaluate.timing import (
-    HOST_ALLOWANCE_MS,
-    HOST_ALLOWANCE_RATIO,
-    TIMED_CALLS,
-    TRIALS,
-    WARMUP_CALLS,
-    CallSchedule,
-    Timer,
-    TimingMethod,
-    WorkloadTiming,
-)
+from ptxgym.evaluate.timing import TRIALS, CallSchedule, Timer
 from ptxgym.evaluate.tool_runs import PendingRun, ProfileMethod, ToolKind, ToolRuns
+from ptxgym.evaluate.verdict import (
+    OUT_OF_MEMORY,
+    Verdict,
+    sharing_may_explain,
+    with_memory_errors,
+)
 from ptxgym.evaluate.worker import (
     WORKER_IMPORTS,
     host_bytes,
@@ -70,12 +58,19 @@ from ptxgym.evaluate.worker import (
     resolve_callable,
     worker_main,
 )
+from ptxgym.evaluate.workload_state import (
+    CheckStage,
+    TimingPlan,
+    WorkloadState,
+    output_bytes,
+    tensor_bytes,
+    worker_job,
+)
 from ptxgym.languages import DEFAULT_LANGUAGE
 from ptxgym.languages.base import ENTRY_C_ABI
 from ptxgym.outcome import Status
 from ptxgym.sandbox import channel
 from ptxgym.tasks import Task, WorkloadSpec
-from ptxgym.tasks.schema import TensorSpec
 
 _random = random.SystemRandom()  # which timed calls are checked: not predictable from outside
 _LOG_TAIL_CHARS = 2000
@@ -101,243 +96,6 @@ _PROFILE_FIRST_WAIT_S = 10.0
 # looked 5.2 ms longer than its device time (the median of 150), past the host allowance, and
 # 0.65 ms longer at 0.5 ms (a CPU host, stand-in worker).
 _SWITCH_INTERVAL_S = 0.0005
-
-
-@dataclass(frozen=True)
-class JudgeSettings:
-    """Deadlines, the timing protocol, concurrency, and which checks beyond correctness run.
-
-    ``memcheck``: compute-sanitizer memcheck on every candidate that ran (passed, or gave wrong
-    results, or crashed; not one that hung). ``racecheck``: shared-memory race detection on
-    request, for candidates that ran to completion. ``profile``: the Nsight Compute instruction
-    profile of correct candidates. docs/evaluation.md gives what each costs.
-    """
-
-    stage_timeout_s: float = 300.0
-    # How candidates and baselines are timed: "cupti" (device time of every kernel, copy and
-    # memset the call launches; the judge refuses to start without it) or, only when asked for,
-    # "host-sync" (host wall time to a device synchronisation, launch overhead included).
-    timing_method: TimingMethod = "cupti"
-    # How long one call may keep the worker from its next message while the judge holds the GPU
-    # alone: max(call_timeout_floor_s, call_timeout_ratio x the library's latency on that
-    # workload), and never beyond the stage's deadline. A kernel that hangs then costs seconds
-    # of the GPU, not the stage's minutes; a correct kernel 1000x slower than the library still
-    # runs (the naive GQA decode, the slowest example, is 62x).
-    call_timeout_floor_s: float = 5.0
-    call_timeout_ratio: float = 1000.0
-    warmup: int = WARMUP_CALLS
-    iters: int = TIMED_CALLS
-    trials: int = TRIALS
-    # Evaluations in flight in the judge at once. Their GPU stages take turns (ptxgym.device.lock);
-    # their CPU stages (worker and tool start-up, report reading) overlap those of others. More in
-    # flight only lengthens each one's waits for the GPU once it is busy, and fewer leave it
-    # idle: at 16 trajectories on the H200, 4 gave 2,113-2,242 evaluations/hour against
-    # 1,805-1,858 at 6 and 8 on one host, and 1,902 against 1,821 at 3, 1,787 at 2 and under
-    # 1,500 at 1 on another (docs/benchmarks.md, twenty-sixth and twenty-seventh sessions).
-    concurrency: int = 4
-    # Workers kept started ahead of need (each holds a CUDA context, about 0.9 GB of GPU memory).
-    # A worker takes seconds to start (Python, torch, CUDA, CUPTI); with several started ahead,
-    # back-to-back steps find one ready even when an evaluation is shorter than a start.
-    spare_workers: int = 3
-    # Sanitizer runs kept waiting beyond one per evaluation in flight, for each sanitizer
-    # turned on (ptxgym.evaluate.tool_runs); each holds a CUDA context under its tool.
-    spare_tool_runs: int = 1
-    # Profile runs kept waiting, however many evaluations are in flight: Nsight Compute's own
-    # process kept a CPU core busy for as long as its run lived (on the H200 host, 10.6
-    # CPU-seconds per evaluation at one trajectory and 30.8 at 16, where one per evaluation in
-    # flight waited: docs/benchmarks.md, tenth session). A profile wanted when none waits
-    # starts one (seconds).
-    spare_profile_runs: int = 2
-    # How long the judge's exclusive holders may hand the GPU on to each other without
-    # releasing its lock (ptxgym.device.lock.EXCLUSIVE_CHAIN_S): longer keeps start-ups, tool
-    # runs' calls and other judges waiting longer; 0 releases it after every hold.
-    exclusive_chain_s: float = EXCLUSIVE_CHAIN_S
-    # Keep each workload's inputs seeds, references and baseline across requests (and the
-    # baseline on disk). False rebuilds them for every request: only to measure what reuse saves.
-    reuse_state: bool = True
-    # Memory the kept workload states may hold: their references on the GPU and the tool runs'
-    # inputs in host memory, together; beyond it the least recently used are dropped (and
-    # rebuilt when needed again). An MHA backward d128 task's references take 1.6 GB (4 stages
-    # x dQ, dK, dV in float32); the GEMM's tool inputs 256 MB.
-    state_budget_bytes: int = 16 << 30
-    # Timed calls whose outputs are checked, chosen at random by the judge and told to the
-    # worker only once each call is over. The latency is a median, so a kernel that is fast by
-    # skipping work must skip it in most timed calls: each check then catches it with
-    # probability above 1/2, and three with probability above 7/8.
-    timed_checks: int = 3
-    # How much longer than the claimed device time the timed calls may take on the judge's own
-    # clock, from the worker's word before each call to its word after it (both latencies the mean
-    # of the trial medians): max(host_allowance_ms, host_allowance_ratio x claimed). The difference
-    # is the calls' host side: launches, the device synchronisation, CUPTI's switching, the two
-    # messages and the judge's reading of them. Beyond it the calls did work the device timer does
-    # not see (host code computing part of the result), or the claim was forged: RUNTIME_ERROR
-    # (ptxgym.evaluate.worker_protocol.judged_latency). With a stand-in worker on a CPU host of 2
-    # cores, 150 calls of 0.2 ms honestly claimed were 0.03 ms longer on the judge's clock, 0.17 ms
-    # with 8 other busy processes, 0.65 ms with a thread of the judge computing without pause, and 4
-    # ms (refused) with both at once. The floor leaves a GPU host's launches and synchronisation
-    # about 1.3 ms under load; the ratio lets a long call set up on the host for as long as it
-    # computes. A claim can be forged this much below the calls' real time (docs/security.md).
-    host_allowance_ms: float = HOST_ALLOWANCE_MS
-    host_allowance_ratio: float = HOST_ALLOWANCE_RATIO
-    memcheck: bool = True
-    racecheck: bool = False
-    sanitizer_timeout_s: float = DEFAULT_SANITIZER_TIMEOUT_S
-    profile: bool = True
-    # What counts the executed instructions: CUPTI's SASS metrics in a run of ours ("cupti": no
-    # profiler set-up per run, the GPU held shared, counts of the target opcodes only, no kernel
-    # facts; ptxgym.evaluate.count), used once its self-test passes at start-up, else Nsight
-    # Compute's instrumented run ("ncu": the kernel facts of profile_details too).
-    profile_method: ProfileMethod = "cupti"
-    profile_timeout_s: float = DEFAULT_PROFILE_TIMEOUT_S
-    # The share of CUPTI-counted qualified passes whose call Nsight Compute profiles as well, to
-    # catch counts forged by the candidate's process (ptxgym.evaluate.count_audit): each audit
-    # holds the GPU alone about 1.3 s on the H200, 0.03 s per evaluation at 0.02. 1.0 audits
-    # every one (for the numbers a benchmark reports), 0.0 none.
-    count_audit_rate: float = 0.02
-    # The profile also collects each kernel's throughput against the GPU's peaks and its occupancy
-    # (ptxgym.evaluate.profile.DETAIL_METRICS) for the feedback: hardware counter passes that hold
-    # the GPU alone about 0.4 s longer per step on the H200. Only Nsight Compute collects them:
-    # asked for, they make the profile Nsight Compute's whatever profile_method says.
-    profile_details: bool = False
-    # Workers and tool runs make their CUDA contexts holding the GPU's start-up lock shared,
-    # never beside a timing that keeps start-ups out (ptxgym.device.lock). False lets them start
-    # any time. On the H200 at 16 trajectories the GPU was then held alone, for the stages that
-    # need it, 94 % of the time against 42-59 % with the lock; but start-ups beside a long kernel
-    # timed with few calls moved its timing by up to 8 % (a 42-ms GEMM timed with 3 trials of 5;
-    # docs/benchmarks.md).
-    lock_startups: bool = True
-    # A timing of at least this many timed calls per trial (``iters``) lets other processes make
-    # their CUDA contexts beside it: it holds the GPU alone but not its start-up lock. A context
-    # disturbs the calls it overlaps, which moves a median of few calls per trial (the 8 % above)
-    # but should not move one of many. None: every timing keeps start-ups out, as until the
-    # H200 has shown that the judge's 50 calls do not move (at 16 trajectories a timing waited
-    # on start-ups 0.54 s per evaluation, 31 % of the time; docs/benchmarks.md, twenty-seventh
-    # session). Whatever this judge's own start-ups do, this decides for its timings.
-    startups_beside_iters: int | None = None
-    # After a timing that keeps start-ups out, with no other timing of this judge in line, the
-    # judge keeps the start-up lock up to this long for its next timing (within
-    # exclusive_chain_s of the chain's start) and releases only the GPU's lock: checks go on,
-    # and the start-ups waiting make their contexts together at the chain's end rather than in
-    # every gap between timings, where each next timing waited for them (0.54 s per evaluation
-    # at 16 trajectories on the H200, docs/benchmarks.md, twenty-seventh session). Start-ups
-    # then wait about a chain (its exclusive_chain_s and its last hold): the spare workers and
-    # tool runs must cover one. Another judge's timings that keep start-ups out wait through a
-    # linger too, with the GPU's lock free. 0: the start-up lock goes with the GPU's, as until
-    # measured.
-    startup_linger_s: float = 0.0
-    # Workers forked from a process of the judge's that has imported what a worker imports
-    # (``worker_context``) instead of started afresh, which imports Python's and torch's modules
-    # again: an evaluation with the tools off cost 1.3 CPU-seconds forked against 4.7 spawned on
-    # the H200 host, whose 16 cores bound 16 trajectories (docs/benchmarks.md, tenth session).
-    # False: spawned, for a judge whose environment torch must not read (docs/security.md).
-    fork_workers: bool = True
-    # The judge compares each of its threads' outputs on a CUDA stream of that thread's own,
-    # not on the device's one default stream, where every comparison's read back waited for the
-    # copies and comparisons other evaluations had queued before it (at judge concurrency 8
-    # on the H200, a correctness stage took 2.1 s against 0.47 s alone; docs/benchmarks.md,
-    # sixteenth session). Off until measured there.
-    check_streams: bool = False
-
-    def __post_init__(self) -> None:
-        if self.startups_beside_iters is not None and self.startups_beside_iters < 1:
-            raise ValueError(
-                "startups_beside_iters must be None or at least 1, "
-                f"not {self.startups_beside_iters}"
-            )
-        if not self.startup_linger_s >= 0:
-            raise ValueError(f"startup_linger_s must be at least 0, not {self.startup_linger_s}")
-
-    @property
-    def startups_beside_timings(self) -> bool:
-        """Whether this judge's timings let other processes make CUDA contexts beside them."""
-        threshold = self.startups_beside_iters
-        return threshold is not None and self.iters >= threshold
-
-
-def timing_hold(device: int, settings: JudgeSettings) -> contextlib.AbstractContextManager[float]:
-    """GPU ``device`` held alone for a timing under ``settings`` (``ptxgym.device.lock``):
-    handed on to the process's next exclusive holder for up to ``exclusive_chain_s``, start-ups
-    kept out unless ``startups_beside_timings`` (and then up to ``startup_linger_s`` longer);
-    yields the wait."""
-    return exclusive_gpu(
-        device,
-        settings.exclusive_chain_s,
-        settings.startups_beside_timings,
-        settings.startup_linger_s,
-    )
-
-
-@dataclass(frozen=True)
-class Verdict:
-    """What the judge concluded about one candidate."""
-
-    status: Status
-    message: str
-    checks: tuple[CheckReport, ...] = ()
-    timings: tuple[WorkloadTiming, ...] = ()
-    worker_log: str = ""
-    sanitizers: tuple[SanitizerReport, ...] = ()
-    profile: InstructionProfile | None = None
-    seconds: float = 0.0
-    # Wall seconds per stage: state, worker_start, checks_gpu_wait, correctness (of which
-    # correctness_compare, the judge's comparisons), arena_pin, checks_gpu, gpu_wait, timing,
-    # worker_gpu, spares_start, tools_wait, count_audit, memcheck, racecheck, profile and
-    # profile_read, its report reading (only the stages that ran); shared_attempt when the
-    # verdict is a second attempt's; queued and judged (the judge's queue and the whole
-    # evaluation) when a judge server answered.
-    stage_seconds: dict[str, float] = field(default_factory=dict)
-    # Which confinement steps took effect in the worker that ran the candidate.
-    isolation: dict[str, bool] = field(default_factory=dict)
-    # The workload whose first trial's inputs memcheck, racecheck and the profile ran on (the
-    # task's first; the others are checked and timed, not covered by the tools); empty when no
-    # tool ran.
-    tools_workload: str = ""
-
-    @property
-    def latency_ms(self) -> float | None:
-        return sum(t.latency_ms for t in self.timings) if self.timings else None
-
-    @property
-    def baseline_latency_ms(self) -> float | None:
-        return sum(t.baseline_latency_ms for t in self.timings) if self.timings else None
-
-
-@dataclass
-class _Stage:
-    name: str
-    seed: int
-    outliers: bool
-    references: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class _TimingPlan:
-    """One workload's timed loop in one evaluation: call ``i`` runs on inputs made from
-    ``seed + i`` (fresh each call, so no output can be cached by pointer or content), and the
-    outputs of the timed calls in ``checked`` go to the judge. Only the seed goes to the
-    worker: it learns that a call is checked once the call is over."""
-
-    seed: int
-    checked: frozenset[int]
-
-
-@dataclass
-class _WorkloadState:
-    spec: WorkloadSpec
-    stages: list[_Stage]
-    baseline_ms: float
-    baseline_method: str
-    # The first stage's inputs in host memory, for the tool runs (ptxgym.evaluate.single_call);
-    # empty when no tool is on, and for every workload but the task's first.
-    tool_inputs: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def nbytes(self) -> int:
-        """Memory held by the reference outputs and the tool runs' inputs (the seeds and the
-        baseline are small)."""
-        held = [tensor for stage in self.stages for tensor in stage.references.values()]
-        held += list(self.tool_inputs.values())
-        return sum(int(item.nbytes) for item in held if hasattr(item, "nbytes"))
 
 
 def worker_context(fork: bool) -> multiprocessing.context.BaseContext:
@@ -384,7 +142,7 @@ class _Worker:
 
     def wait_ready(self, timeout_s: float) -> None:
         if not self.ready:
-            header, _ = _receive(self.conn, timeout_s)
+            header, _ = channel.receive(self.conn, None, timeout_s)
             if header.get("kind") != "ready":
                 raise channel.ChannelError(f"worker did not start: {header}")
             self.isolation = {str(k): bool(v) for k, v in dict(header.get("isolation", {})).items()}
@@ -411,10 +169,6 @@ class _Worker:
         shutil.rmtree(self.home, ignore_errors=True)
 
 
-class _Timeout(Exception):
-    pass
-
-
 class TimingUnavailable(RuntimeError):
     """The timing method the settings ask for cannot run here: the judge does not start rather
     than time otherwise unasked."""
@@ -423,16 +177,6 @@ class TimingUnavailable(RuntimeError):
 class WorkerStartError(RuntimeError):
     """Workers cannot start on this host (a broken CUDA set-up, a confinement the platform
     refuses): no candidate can be evaluated, so the request fails with the worker's own words."""
-
-
-def _receive(
-    conn: Connection, timeout_s: float, arena: channel.Arena | None = None
-) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The next message, whole within ``timeout_s`` (else _Timeout)."""
-    try:
-        return channel.receive(conn, arena, timeout_s)
-    except channel.ChannelTimeout:
-        raise _Timeout from None
 
 
 class Judge:
@@ -461,7 +205,7 @@ class Judge:
         self.context = worker_context(settings.fork_workers)
         self.folder = Path(tempfile.mkdtemp(prefix="ptxgym-judge-"))
         # Least recently used first; evicted beyond settings.state_budget_bytes.
-        self.states: collections.OrderedDict[tuple[str, str], _WorkloadState] = (
+        self.states: collections.OrderedDict[tuple[str, str], WorkloadState] = (
             collections.OrderedDict()
         )
         self._state_locks: dict[tuple[str, str], threading.Lock] = {}
@@ -552,7 +296,7 @@ class Judge:
             # Ours, not the candidate's: say what the worker said before it ended.
             log = worker.log_tail()
             worker.kill()
-            no_memory = _OUT_OF_MEMORY in log.lower() or self._memory_short()
+            no_memory = OUT_OF_MEMORY in log.lower() or self._memory_short()
             if attempt >= 2 and not (no_memory and time.monotonic() < memory_deadline):
                 raise WorkerStartError(
                     f"{problem} ({attempt} starts); its output: {log or '(none)'}"
@@ -566,7 +310,7 @@ class Judge:
         """Why ``worker`` cannot take a job (None when it can)."""
         try:
             worker.wait_ready(_WORKER_START_TIMEOUT_S)
-        except _Timeout:
+        except channel.ChannelTimeout:
             return "a worker failed to start (no answer in time)"
         except (channel.ChannelError, EOFError, OSError) as exc:
             return f"a worker failed to start ({exc!r})"
@@ -600,7 +344,7 @@ class Judge:
     # ----------------------------------------------------------------------------------------
     # Workload state: seeds, references, baselines; built once per (task, workload).
 
-    def workload_state(self, task: Task, workload: WorkloadSpec) -> _WorkloadState:
+    def workload_state(self, task: Task, workload: WorkloadSpec) -> WorkloadState:
         """The state of (task, workload): built once, by one thread, while others wait for it."""
         if not self.settings.reuse_state:
             with timing_hold(self.device, self.settings):
@@ -629,13 +373,13 @@ class Judge:
             _, evicted = self.states.popitem(last=False)
             total -= evicted.nbytes
 
-    def _build_state(self, task: Task, workload: WorkloadSpec) -> _WorkloadState:
+    def _build_state(self, task: Task, workload: WorkloadSpec) -> WorkloadState:
         torch = self.torch
         reference = resolve_callable(task.callables.reference)
         baseline = resolve_callable(task.callables.baseline)
         payload = workload.payload()
-        stages = [_Stage(f"trial{i}", secrets.randbits(62), False) for i in range(TRIALS)]
-        stages.append(_Stage("outliers", secrets.randbits(62), True))
+        stages = [CheckStage(f"trial{i}", secrets.randbits(62), False) for i in range(TRIALS)]
+        stages.append(CheckStage("outliers", secrets.randbits(62), True))
         trial_inputs = []
         tool_inputs = {}
         for stage in stages:
@@ -665,7 +409,7 @@ class Judge:
                 store_baseline(self._baseline_key(task, workload), baseline_ms, method)
         del trial_inputs
         torch.cuda.empty_cache()
-        return _WorkloadState(workload, stages, baseline_ms, method, tool_inputs)
+        return WorkloadState(workload, stages, baseline_ms, method, tool_inputs)
 
     def _baseline_key(self, task: Task, workload: WorkloadSpec) -> str:
         libraries = {}
@@ -698,7 +442,7 @@ class Judge:
         (``shared_attempt``) in its stages. A hang in the checks costs one bound shared and one
         alone."""
         verdict, ended_sharing = self._attempt(task, library, language, checks_alone=False)
-        if not _sharing_may_explain(verdict, ended_sharing):
+        if not sharing_may_explain(verdict, ended_sharing):
             return verdict
         first = verdict.seconds
         # Another evaluation's candidate may still hold the memory (its worker keeps what it
@@ -720,7 +464,7 @@ class Judge:
         and outputs take, twice over, plus what a worker needs to start; the seconds waited."""
         try:
             needed = _WORKER_MEMORY_BYTES + 2 * max(
-                _tensor_bytes(task, w, {**task.definition.inputs, **task.definition.outputs})
+                tensor_bytes(task, w, {**task.definition.inputs, **task.definition.outputs})
                 for w in task.workloads
             )
         except (KeyError, ValueError):  # an axis only a workload's data gives: a worker's start
@@ -751,7 +495,7 @@ class Judge:
                 pause = next(pauses)
                 if (
                     isinstance(exc, WorkerStartError)  # waited for memory already
-                    or _OUT_OF_MEMORY not in str(exc).lower()
+                    or OUT_OF_MEMORY not in str(exc).lower()
                     or time.monotonic() + pause > deadline
                 ):
                     raise
@@ -849,7 +593,7 @@ class Judge:
             stages[report.tool] = report.seconds
             stages.update({f"{report.tool}_{k}": v for k, v in report.call_seconds.items()})
         crashed = verdict.status is Status.RUNTIME_ERROR
-        verdict = _with_memory_errors(verdict, sanitizers)
+        verdict = with_memory_errors(verdict, sanitizers)
         if profile is not None:
             if self.profile_note:
                 profile = replace(profile, note=self.profile_note)
@@ -973,17 +717,17 @@ class Judge:
         self,
         task: Task,
         prepared: Prepared,
-        states: list[_WorkloadState],
+        states: list[WorkloadState],
         worker: _Worker,
         stages: dict[str, float],
         before_timing: Callable[[], None],
     ) -> Verdict:
         plans = {s.spec.name: self._timing_plan() for s in states}
         library = hand_candidate(prepared.library, worker.home, prepared.entry)
-        job = _worker_job(task, library, states, plans, self.settings)
+        job = worker_job(task, library, states, plans, self.settings)
         job["entry"], job["facts"] = prepared.entry, prepared.facts
         # The outputs come back through shared memory sized for the largest output set.
-        arena = channel.Arena.create(max(_output_bytes(task, s.spec) for s in states))
+        arena = channel.Arena.create(max(output_bytes(task, s.spec) for s in states))
         job["arena_bytes"] = arena.size
         checks = _ReferenceChecks(self, task, states, plans)
         try:
@@ -1013,15 +757,15 @@ class Judge:
             arena.close()
             stages["correctness_compare"] = checks.compare_seconds
 
-    def _timing_plan(self) -> _TimingPlan:
+    def _timing_plan(self) -> TimingPlan:
         """Fresh inputs for every call of a timed loop, from a seed of this evaluation, and
         which timed calls are checked: ``timed_checks`` of them, at random."""
         settings = self.settings
         timed = CallSchedule(settings.warmup, settings.iters, settings.trials).timed
         picks = _random.sample(timed, min(self.settings.timed_checks, len(timed)))
-        return _TimingPlan(secrets.randbits(60), frozenset(picks))
+        return TimingPlan(secrets.randbits(60), frozenset(picks))
 
-    def _timed_references(self, task: Task, state: _WorkloadState, seed: int) -> dict[str, Any]:
+    def _timed_references(self, task: Task, state: WorkloadState, seed: int) -> dict[str, Any]:
         """The references for one timed call's inputs (made from the judge's own seed)."""
         reference = resolve_callable(task.callables.reference)
         inputs = make_inputs(task, state.spec.payload(), seed, False)
@@ -1093,50 +837,6 @@ class _WorkerHolds:
             self.stages["worker_gpu"] = time.perf_counter() - self.alone_from
 
 
-def _worker_job(
-    task: Task,
-    library: str,
-    states: list[_WorkloadState],
-    plans: dict[str, _TimingPlan],
-    settings: JudgeSettings,
-) -> dict[str, Any]:
-    """What a worker is told: the task, the library, the timing protocol, and each workload's
-    axes and seeds; never a reference, a baseline, or which timed calls are checked."""
-    return {
-        "task": task.model_dump(mode="json"),
-        "library": library,
-        "warmup": settings.warmup,
-        "iters": settings.iters,
-        "trials": settings.trials,
-        "workloads": [
-            {
-                "name": s.spec.name,
-                "axes": s.spec.axes,
-                "sequences": s.spec.sequences,
-                "checks": [
-                    {"name": st.name, "seed": st.seed, "outliers": st.outliers} for st in s.stages
-                ],
-                "timing": {"seed": plans[s.spec.name].seed},
-            }
-            for s in states
-        ],
-    }
-
-
-class CheckUnavailable(Exception):
-    """Outputs the judge could not check, for a reason of the candidate's making (the message
-    says which)."""
-
-
-class OutputChecks(Protocol):
-    """How a conversation checks outputs: the judge's ``_ReferenceChecks``, on the GPU, or a
-    test's own. ``outputs`` may be views of the arena, valid during the call only."""
-
-    def stage(self, workload: str, stage: str, outputs: dict[str, Any]) -> CheckReport: ...
-
-    def timed_call(self, workload: str, call: int, outputs: dict[str, Any]) -> CheckReport: ...
-
-
 class _ReferenceChecks:
     """The judge's checks: a worker's outputs copied to the GPU and compared with the
     references, a stage's from its workload state, a timed call's made from the judge's seed
@@ -1146,8 +846,8 @@ class _ReferenceChecks:
         self,
         judge: Judge,
         task: Task,
-        states: list[_WorkloadState],
-        plans: dict[str, _TimingPlan],
+        states: list[WorkloadState],
+        plans: dict[str, TimingPlan],
     ) -> None:
         self.judge = judge
         self.task = task
@@ -1180,7 +880,7 @@ class _ReferenceChecks:
 
     def _compare(
         self,
-        state: _WorkloadState,
+        state: WorkloadState,
         label: str,
         outputs: dict[str, Any],
         references: Callable[[], dict[str, Any]],
@@ -1210,262 +910,6 @@ class _ReferenceChecks:
             ) from None
 
 
-class Conversation:
-    """The judge's side of one evaluation's conversation with its worker.
-
-    Each message is taken against the protocol's script
-    (``ptxgym.evaluate.worker_protocol.Script``). Outputs are checked (``checks``), and the arena
-    zeroed where they lay, before the answer. Each call of a timed loop is timed on the judge's own
-    clock, the worker's timing is bounded by it (``protocol.judged_latency``), and the latency is
-    the judge's reading of the claimed call times. Ends in a verdict: PASSED on ``done``, or the
-    first failure, broken protocol included. Needs no GPU itself: a test can drive it with a
-    stand-in worker."""
-
-    def __init__(
-        self,
-        task: Task,
-        states: list[_WorkloadState],
-        plans: dict[str, _TimingPlan],
-        settings: JudgeSettings,
-        checks: OutputChecks,
-        conn: Connection,
-        arena: channel.Arena,
-        stages: dict[str, float],
-        ended: Callable[[], str],
-        before_timing: Callable[[], None] = lambda: None,
-    ) -> None:
-        """``stages``: the evaluation's stage seconds, to which the correctness and timing
-        stages (and the timing's parts, as the worker reported them) are added. ``ended``: how
-        the worker's process ended, once its end of the channel is closed. ``before_timing``:
-        called once every check has passed, before the worker is told to go on to its timing
-        (the judge takes the GPU alone there)."""
-        self.settings = settings
-        self.before_timing = before_timing
-        self.checks = checks
-        self.conn = conn
-        self.arena = arena
-        self.stages = stages
-        self.ended = ended
-        self.baselines = {state.spec.name: state.baseline_ms for state in states}
-        self.script = protocol.Script(
-            [
-                protocol.WorkloadScript(
-                    state.spec.name,
-                    tuple(stage.name for stage in state.stages),
-                    protocol.output_layouts(task, state.spec),
-                    plans[state.spec.name].checked,
-                )
-                for state in states
-            ],
-            tuple(task.definition.inputs),
-            settings.warmup,
-            settings.iters,
-            settings.trials,
-        )
-        self.reports: list[CheckReport] = []
-        self.timings: list[WorkloadTiming] = []
-        self.started = time.perf_counter()
-        # The judge's clock: when it last answered (the worker does nothing new before it has
-        # the answer); for each call of the timed loop under way, that time and the arrival of
-        # its ``calling``; and what it saw of each call that ran.
-        self.answered = self.started
-        self.calling: dict[int, tuple[float, float]] = {}
-        self.clocks: dict[int, protocol.CallClock] = {}
-
-    def message_timeout(self, due: protocol.Due) -> float:
-        """How long the judge waits for the message ``due``: one call's bound
-        (``JudgeSettings.call_timeout_floor_s`` and ``call_timeout_ratio``), within what is left
-        of the stage's deadline."""
-        left = self.settings.stage_timeout_s - (time.perf_counter() - self.started)
-        # A message of no one workload (the end) is bounded by the slowest workload's library.
-        baseline_ms = self.baselines.get(due.workload, max(self.baselines.values(), default=0.0))
-        bound = max(
-            self.settings.call_timeout_floor_s,
-            self.settings.call_timeout_ratio * baseline_ms / 1e3,
-        )
-        return max(0.0, min(bound, left))
-
-    def run(self) -> Verdict:
-        """Take the worker's messages until it is done, fails, hangs or breaks the protocol."""
-        due = self.script.due
-        timeout = self.message_timeout(due)
-        try:
-            while True:
-                due = self.script.due
-                timeout = self.message_timeout(due)
-                header, tensors = _receive(self.conn, timeout, self.arena)
-                arrived = time.perf_counter()
-                message = self.script.accept(header, tensors)
-                if isinstance(message, protocol.WorkerError):
-                    return self._verdict(Status.RUNTIME_ERROR, message.message)
-                verdict = self._take(message, arrived)
-                if verdict is not None:
-                    return verdict
-        except _Timeout:
-            settings = self.settings
-            return self._verdict(
-                Status.TIMEOUT,
-                f"no progress within {timeout:.1f} s during {due.where}: the kernel hangs or is "
-                f"far too slow (a call may take at most max({settings.call_timeout_floor_s:g} s, "
-                f"{settings.call_timeout_ratio:g} x the library's time), and the whole stage "
-                f"{settings.stage_timeout_s:g} s)",
-            )
-        except (protocol.ProtocolError, channel.ChannelError) as exc:
-            return self._verdict(
-                Status.RUNTIME_ERROR,
-                f"the process running the kernel broke the judge's protocol when {due} was "
-                f"due: {exc}",
-            )
-        except (EOFError, OSError):
-            return self._verdict(
-                Status.RUNTIME_ERROR,
-                f"the process running the kernel {self.ended()} during {due.where}",
-            )
-        except (CheckUnavailable, protocol.TimingDisagreement) as exc:
-            return self._verdict(Status.RUNTIME_ERROR, str(exc))
-
-    def _take(self, message: protocol.Message, arrived: float) -> Verdict | None:
-        """Act on a message the script took, and answer it when it wants an answer; a verdict
-        when the evaluation ends there."""
-        due = message.due
-        if due.kind == protocol.CALLING:
-            self.calling[due.call] = (self.answered, arrived)
-            return None
-        if due.kind == protocol.RAN:
-            since, called = self.calling.pop(due.call)
-            self.clocks[due.call] = protocol.CallClock(
-                (arrived - since) * 1e3, (arrived - called) * 1e3
-            )
-            # The script knows whether this call's outputs are due next.
-            self._answer("keep" if self.script.due.kind == protocol.TIMED_CHECK else "next")
-            return None
-        if due.kind == protocol.CHECK:
-            return self._check(message, self.checks.stage(due.workload, due.stage, message.outputs))
-        if due.kind == protocol.TIMED_CHECK:
-            report = self.checks.timed_call(due.workload, due.call, message.outputs)
-            return self._check(message, report)
-        if due.kind == protocol.TIMING:
-            self._timing(message)
-            return None
-        return _passed(self.reports, self.timings)
-
-    def _check(self, message: protocol.Message, report: CheckReport) -> Verdict | None:
-        """Judge one checked call, its outputs copied out and compared (``report``)."""
-        # Nothing of the outputs may stay where the worker could name it again.
-        self.arena.wipe()
-        self.reports.append(report)
-        where = message.due.where
-        if message.modified_inputs:
-            return self._verdict(
-                Status.INCORRECT_NUMERICAL,
-                f"the kernel modified its input(s) {', '.join(message.modified_inputs)} "
-                f"({where}); inputs are read-only",
-            )
-        if not report.ok:
-            verdict = _incorrect(report, tuple(self.reports))
-            if message.due.kind == protocol.TIMED_CHECK:
-                verdict = replace(
-                    verdict,
-                    message=f"{verdict.message}; the correctness stage passed, but this call "
-                    "of the timed loop (fresh inputs) was wrong: the result depends on earlier "
-                    "calls (state kept between calls, a race, uninitialised memory) or on "
-                    "being timed",
-                )
-            return verdict
-        if message.due.kind == protocol.CHECK and self.script.due.kind != protocol.CHECK:
-            self.stages["correctness"] = time.perf_counter() - self.started
-            self.before_timing()
-        self._answer("continue")
-        return None
-
-    def _timing(self, message: protocol.Message) -> None:
-        """Take a workload's timing, bounded by what the judge saw of its calls."""
-        workload = message.due.workload
-        timed = self.script.schedule.timed
-        judged = protocol.judged_latency(
-            message.call_ms,
-            [self.clocks[call] for call in timed],
-            self.settings.iters,
-            self.settings.trials,
-            timed_calls=timed,
-            allowance_ms=self.settings.host_allowance_ms,
-            allowance_ratio=self.settings.host_allowance_ratio,
-        )
-        self.clocks.clear()
-        baseline, latency = self.baselines[workload], judged.latency_ms
-        self.timings.append(
-            WorkloadTiming(
-                workload,
-                latency,
-                baseline,
-                baseline / latency,
-                judged.trial_medians_ms,
-                message.method,
-                self.settings.warmup,
-                self.settings.iters,
-            )
-        )
-        if self.script.due.kind == protocol.DONE:
-            self.stages["timing"] = (
-                time.perf_counter() - self.started - self.stages.get("correctness", 0.0)
-            )
-        # What the host allowance bounds, to see how near honest calls come to it.
-        host_side = (judged.wall_latency_ms - latency) / 1e3
-        self.stages["timing_host_side"] = self.stages.get("timing_host_side", 0.0) + host_side
-        for phase, seconds in message.phase_seconds.items():
-            key = f"timing_{phase}"
-            self.stages[key] = self.stages.get(key, 0.0) + seconds
-        self._answer("continue")
-
-    def _answer(self, kind: str) -> None:
-        self.answered = time.perf_counter()
-        channel.send(self.conn, {"kind": kind})
-
-    def _verdict(self, status: Status, message: str) -> Verdict:
-        return Verdict(status, message, tuple(self.reports), tuple(self.timings))
-
-
-def _sharing_may_explain(verdict: Verdict, ended_sharing: bool) -> bool:
-    """Whether the GPU shared with other evaluations could have caused this failure: a check's
-    call that overran its bound beside other work (``ended_sharing``; a timed call has the GPU
-    alone), or memory that was not there (the candidate's allocation, the judge's check, or
-    memcheck's run failing for want of it, while another candidate may have held it all)."""
-    if verdict.status is Status.TIMEOUT:
-        return ended_sharing
-    if verdict.status is Status.RUNTIME_ERROR:
-        return _OUT_OF_MEMORY in verdict.message.lower()
-    if verdict.status is Status.MEMORY_ERROR:
-        findings = [f for report in verdict.sanitizers for f in report.findings]
-        return bool(findings) and all(_OUT_OF_MEMORY in f.lower() for f in findings)
-    return False
-
-
-# How CUDA, torch, compute-sanitizer and the judge's checks all say it (cudaErrorMemoryAllocation
-# reads "out of memory"; torch's OutOfMemoryError "... ran out of memory").
-_OUT_OF_MEMORY = "out of memory"
-
-
-def _passed(checks: list[CheckReport], timings: list[WorkloadTiming]) -> Verdict:
-    latency = sum(t.latency_ms for t in timings)
-    baseline = sum(t.baseline_latency_ms for t in timings)
-    return Verdict(
-        Status.PASSED,
-        f"correct on {len(checks)} checks; {latency:.4f} ms vs baseline {baseline:.4f} ms",
-        tuple(checks),
-        tuple(timings),
-    )
-
-
-def _incorrect(report: CheckReport, checks: tuple[CheckReport, ...]) -> Verdict:
-    status = {
-        "shape": Status.INCORRECT_SHAPE,
-        "dtype": Status.INCORRECT_DTYPE,
-    }.get(report.first_problem, Status.INCORRECT_NUMERICAL)
-    bad = [o for o in report.outputs if not o.ok]
-    summary = "; ".join(f"{o.name}: {o.detail}" for o in bad)
-    return Verdict(status, f"{report.workload}/{report.stage}: {summary}", checks)
-
-
 def _how_it_ended(worker: _Worker) -> str:
     """How the worker's process ended, its end of the channel closed (waits for it a little)."""
     worker.process.join(timeout=5)
@@ -1483,34 +927,3 @@ def _memory_pauses() -> Iterator[float]:
     while True:
         yield pause
         pause = min(2 * pause, _MEMORY_PAUSE_MAX_S)
-
-
-def _output_bytes(task: Task, workload: WorkloadSpec) -> int:
-    """Bytes of the task's outputs for ``workload``, as laid out in an arena."""
-    return _tensor_bytes(task, workload, task.definition.outputs)
-
-
-def _tensor_bytes(task: Task, workload: WorkloadSpec, specs: Mapping[str, TensorSpec]) -> int:
-    """Bytes of the tensors ``specs`` for ``workload``, each at an arena's alignment."""
-    import torch
-
-    axes = task.axis_values(workload)
-    return channel.arena_bytes(
-        [
-            math.prod(axes[axis] for axis in spec.shape) * getattr(torch, spec.dtype).itemsize
-            for spec in specs.values()
-        ]
-    )
-
-
-def _with_memory_errors(verdict: Verdict, reports: tuple[SanitizerReport, ...]) -> Verdict:
-    """MEMORY_ERROR when a sanitizer found errors: out-of-bounds or racy memory use is a defect
-    even where this run's outputs happened to be right."""
-    found = [r for r in reports if r.ok and r.errors]
-    if not found:
-        return verdict
-    what = ", ".join(f"{r.tool} {r.errors} error{'s' if r.errors != 1 else ''}" for r in found)
-    message = f"compute-sanitizer found memory errors in one call of the kernel ({what})"
-    if verdict.status is not Status.PASSED:
-        message += f"; the evaluation had found: {verdict.status.value}: {verdict.message}"
-    return replace(verdict, status=Status.MEMORY_ERROR, message=message)

@@ -73,7 +73,9 @@ from typing import Any, TypeGuard
 
 from ptxgym import paths
 from ptxgym.device.gpus import physical_device
-from ptxgym.evaluate.judge import Judge, JudgeSettings, Verdict
+from ptxgym.evaluate.judge import Judge
+from ptxgym.evaluate.judge_settings import JudgeSettings
+from ptxgym.evaluate.verdict import Verdict
 from ptxgym.evaluate.verdict_json import VerdictFormatError, verdict_from_json, verdict_to_json
 from ptxgym.languages import DEFAULT_LANGUAGE, LANGUAGES
 from ptxgym.tasks import Task, registry

@@ -24,7 +24,6 @@ from typing import Any
 from ptxgym.build.result import DEFAULT_COMPILE_TIMEOUT_S, CompileResult
 from ptxgym.device.gpus import GPUInfo, physical_device, visible_gpus
 from ptxgym.evaluate.build_step import build_candidate
-from ptxgym.evaluate.judge import JudgeSettings, Verdict
 from ptxgym.evaluate.judge_server import (
     DEFAULT_JUDGE,
     MAX_ANSWER_BYTES,
@@ -36,7 +35,9 @@ from ptxgym.evaluate.judge_server import (
     send_message,
     start_private_judge,
 )
+from ptxgym.evaluate.judge_settings import JudgeSettings
 from ptxgym.evaluate.roofline import FAULT_RATIO, peaks_for, speed_of_light
+from ptxgym.evaluate.verdict import Verdict
 from ptxgym.languages import DEFAULT_LANGUAGE, get_language
 from ptxgym.outcome import Outcome, Status
 from ptxgym.tasks import Task

@@ -35,7 +35,7 @@ from ptxgym import paths
 from ptxgym.build.result import DEFAULT_COMPILE_TIMEOUT_S, CompileResult
 from ptxgym.build.sass import LISTING_FILE, kept_listing
 from ptxgym.evaluate.build_step import build_candidate
-from ptxgym.evaluate.judge import JudgeSettings
+from ptxgym.evaluate.judge_settings import JudgeSettings
 from ptxgym.evaluate.local_gpu import LocalGPUEvaluator, gpu_of
 from ptxgym.outcome import Outcome, Status
 from ptxgym.tasks import Task

@@ -38,7 +38,7 @@ from types import ModuleType
 from typing import Any, TypeVar
 
 from ptxgym.build.result import DEFAULT_COMPILE_TIMEOUT_S
-from ptxgym.evaluate.judge import JudgeSettings
+from ptxgym.evaluate.judge_settings import JudgeSettings
 from ptxgym.evaluate.local_gpu import EvaluatorError
 from ptxgym.evaluate.ray_actors import (
     Built,

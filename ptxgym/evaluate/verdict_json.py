@@ -19,10 +19,10 @@ from collections.abc import Callable, Collection
 from typing import Any, TypeVar
 
 from ptxgym.evaluate.correctness import CheckReport, Mismatch, OutputCheck
-from ptxgym.evaluate.judge import Verdict
 from ptxgym.evaluate.profile import InstructionProfile, KernelFacts
 from ptxgym.evaluate.sanitizer import SanitizerReport
 from ptxgym.evaluate.timing import WorkloadTiming
+from ptxgym.evaluate.verdict import Verdict
 from ptxgym.outcome import Status
 
 Record = TypeVar("Record")

@@ -13,7 +13,7 @@ import pytest
 from benchmark_scripts import load_benchmark
 
 from ptxgym.evaluate.compile_only import CompileOnlyEvaluator
-from ptxgym.evaluate.judge import JudgeSettings
+from ptxgym.evaluate.judge_settings import JudgeSettings
 
 throughput = load_benchmark("throughput")
 

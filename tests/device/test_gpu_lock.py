@@ -29,7 +29,7 @@ from ptxgym.device.lock import (
     startup_hold,
     startup_lock_path,
 )
-from ptxgym.evaluate.judge import JudgeSettings, timing_hold
+from ptxgym.evaluate.judge_settings import JudgeSettings, timing_hold
 
 
 def _hold(cache: str, locks: str, log: str, label: str) -> None:

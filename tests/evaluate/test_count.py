@@ -233,6 +233,7 @@ def test_a_judge_counts_with_cupti_only_after_its_self_test_passed(
     monkeypatch: pytest.MonkeyPatch, asked: str, self_test: str | None, method: str, note: str
 ) -> None:
     from ptxgym.evaluate import judge
+    from ptxgym.evaluate.judge_settings import JudgeSettings
 
     def fake_self_test(device: int, capability: tuple[int, int]) -> str | None:
         assert self_test != "never called" and capability == (9, 0)
@@ -240,7 +241,7 @@ def test_a_judge_counts_with_cupti_only_after_its_self_test_passed(
 
     monkeypatch.setattr(judge, "count_self_test", fake_self_test)
     stand_in = SimpleNamespace(
-        settings=judge.JudgeSettings(profile_method=asked),  # type: ignore[arg-type]
+        settings=JudgeSettings(profile_method=asked),  # type: ignore[arg-type]
         device=0,
         device_info={"capability": [9, 0]},
     )

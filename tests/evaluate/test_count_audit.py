@@ -10,8 +10,10 @@ from types import SimpleNamespace
 import pytest
 
 from ptxgym.evaluate.count_audit import AGREED, audited
-from ptxgym.evaluate.judge import Judge, JudgeSettings, Verdict
+from ptxgym.evaluate.judge import Judge
+from ptxgym.evaluate.judge_settings import JudgeSettings
 from ptxgym.evaluate.profile import InstructionProfile
+from ptxgym.evaluate.verdict import Verdict
 from ptxgym.evaluate.verdict_json import verdict_from_json, verdict_to_json
 from ptxgym.outcome import Status
 from ptxgym.tasks import get_task

@@ -16,7 +16,8 @@ import textwrap
 from pathlib import Path
 
 _STAND_IN = """
-from ptxgym.evaluate.judge import JudgeSettings, Verdict
+from ptxgym.evaluate.judge_settings import JudgeSettings
+from ptxgym.evaluate.verdict import Verdict
 from ptxgym.outcome import Status
 
 
@@ -38,7 +39,7 @@ _SCRIPT = """
 import os
 from pathlib import Path
 from ptxgym.evaluate.local_gpu import _JudgeHandle
-from ptxgym.evaluate.judge import JudgeSettings
+from ptxgym.evaluate.judge_settings import JudgeSettings
 from ptxgym.tasks import get_task
 
 with Path(__file__).with_suffix(".runs").open("a") as runs:

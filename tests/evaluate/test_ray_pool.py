@@ -243,7 +243,7 @@ def test_ray_is_imported_only_for_a_ray_evaluator_and_its_absence_is_explained()
 
 @pytest.mark.gpu
 def test_a_gpu_judge_runs_checks_and_times_like_the_local_evaluator(cluster: None) -> None:
-    from ptxgym.evaluate.judge import JudgeSettings
+    from ptxgym.evaluate.judge_settings import JudgeSettings
     from ptxgym.evaluate.local_gpu import incompatibility
 
     if reason := incompatibility(H100_GEMM):

@@ -8,13 +8,15 @@ from pathlib import Path
 
 import pytest
 
-from ptxgym.evaluate.judge import Judge, JudgeSettings, Verdict, _with_memory_errors
+from ptxgym.evaluate.judge import Judge
+from ptxgym.evaluate.judge_settings import JudgeSettings
 from ptxgym.evaluate.sanitizer import (
     SanitizerReport,
     parse_error_count,
     parse_findings,
     sanitize_candidate,
 )
+from ptxgym.evaluate.verdict import Verdict, with_memory_errors
 from ptxgym.feedback import render_feedback
 from ptxgym.outcome import Outcome, Status
 from ptxgym.tasks import get_task
@@ -135,11 +137,11 @@ def test_memory_errors_turn_any_verdict_into_memory_error() -> None:
     clean = SanitizerReport("memcheck", True)
     unknown = SanitizerReport("memcheck", False, reason="not found")
     passed = Verdict(Status.PASSED, "correct")
-    assert _with_memory_errors(passed, (clean,)) is passed
-    assert _with_memory_errors(passed, (unknown,)) is passed
-    flagged = _with_memory_errors(passed, (found,))
+    assert with_memory_errors(passed, (clean,)) is passed
+    assert with_memory_errors(passed, (unknown,)) is passed
+    flagged = with_memory_errors(passed, (found,))
     assert flagged.status is Status.MEMORY_ERROR and "memcheck 2 errors" in flagged.message
-    crashed = _with_memory_errors(Verdict(Status.RUNTIME_ERROR, "illegal address"), (found,))
+    crashed = with_memory_errors(Verdict(Status.RUNTIME_ERROR, "illegal address"), (found,))
     assert crashed.status is Status.MEMORY_ERROR
     assert "the evaluation had found: RUNTIME_ERROR: illegal address" in crashed.message
 

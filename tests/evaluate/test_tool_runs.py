@@ -23,12 +23,14 @@ from typing import get_args
 import numpy
 import pytest
 
-from ptxgym.evaluate.judge import Judge, JudgeSettings, _Stage, _WorkloadState
+from ptxgym.evaluate.judge import Judge
+from ptxgym.evaluate.judge_settings import JudgeSettings
 from ptxgym.evaluate.profile import InstructionProfile
 from ptxgym.evaluate.sanitizer import SanitizerReport
 from ptxgym.evaluate.single_call import _POISON_PATTERNS, CallJob
 from ptxgym.evaluate.tool_runs import ToolKind, ToolRuns
 from ptxgym.evaluate.worker import poison
+from ptxgym.evaluate.workload_state import CheckStage, WorkloadState
 from ptxgym.outcome import Status
 from ptxgym.tasks import get_task
 from ptxgym.tasks.schema import DType
@@ -119,9 +121,9 @@ def _library(tmp_path: Path) -> str:
     return str(library)
 
 
-def _state() -> _WorkloadState:
+def _state() -> WorkloadState:
     inputs = {"A": numpy.array([1, 2], numpy.uint8), "B": numpy.array([3], numpy.uint8)}
-    return _WorkloadState(GEMM.workloads[0], [_Stage("trial0", 7, False)], 1.0, "cupti", inputs)
+    return WorkloadState(GEMM.workloads[0], [CheckStage("trial0", 7, False)], 1.0, "cupti", inputs)
 
 
 def _finish(

@@ -19,10 +19,10 @@ from typing import Any
 import pytest
 
 from ptxgym.evaluate.correctness import CheckReport, Mismatch, OutputCheck
-from ptxgym.evaluate.judge import Verdict
 from ptxgym.evaluate.profile import InstructionProfile, KernelFacts
 from ptxgym.evaluate.sanitizer import SanitizerReport
 from ptxgym.evaluate.timing import WorkloadTiming
+from ptxgym.evaluate.verdict import Verdict
 from ptxgym.evaluate.verdict_json import VerdictFormatError, verdict_from_json, verdict_to_json
 from ptxgym.outcome import Status
 

@@ -16,7 +16,7 @@ from expert_examples import EXPERTS
 
 from ptxgym import paths
 from ptxgym.env import PTXKernelEnv
-from ptxgym.evaluate.judge import JudgeSettings
+from ptxgym.evaluate.judge_settings import JudgeSettings
 from ptxgym.evaluate.local_gpu import LocalGPUEvaluator, incompatibility
 from ptxgym.tasks import get_task
 

@@ -18,7 +18,7 @@ from ptxgym import paths
 from ptxgym.env import PTXKernelEnv
 from ptxgym.evaluate.count import SELF_TEST_KERNELS, count_candidate
 from ptxgym.evaluate.count_audit import AGREED
-from ptxgym.evaluate.judge import JudgeSettings
+from ptxgym.evaluate.judge_settings import JudgeSettings
 from ptxgym.evaluate.local_gpu import LocalGPUEvaluator, incompatibility
 from ptxgym.evaluate.profile import InstructionProfile, profile_candidate
 from ptxgym.evaluate.worker import host_inputs

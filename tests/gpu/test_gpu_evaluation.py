@@ -14,7 +14,7 @@ import pytest
 
 from ptxgym import paths
 from ptxgym.env import PTXKernelEnv
-from ptxgym.evaluate.judge import JudgeSettings
+from ptxgym.evaluate.judge_settings import JudgeSettings
 from ptxgym.evaluate.local_gpu import LocalGPUEvaluator, incompatibility
 from ptxgym.evaluate.timing import TIMING_PHASES
 from ptxgym.outcome import Status

@@ -16,7 +16,7 @@ import pytest
 from ptxgym import paths
 from ptxgym.env import PTXKernelEnv
 from ptxgym.evaluate.count import SELF_TEST_KERNELS
-from ptxgym.evaluate.judge import JudgeSettings
+from ptxgym.evaluate.judge_settings import JudgeSettings
 from ptxgym.evaluate.local_gpu import LocalGPUEvaluator, incompatibility
 from ptxgym.evaluate.profile import InstructionProfile, profile_candidate
 from ptxgym.evaluate.worker import host_inputs

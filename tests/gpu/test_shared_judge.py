@@ -8,8 +8,8 @@ from gymnasium.vector import AsyncVectorEnv
 
 import ptxgym  # noqa: F401  (registers the tasks)
 from ptxgym import paths
-from ptxgym.evaluate.judge import JudgeSettings
 from ptxgym.evaluate.judge_server import server_files
+from ptxgym.evaluate.judge_settings import JudgeSettings
 from ptxgym.evaluate.local_gpu import LocalGPUEvaluator, incompatibility
 from ptxgym.tasks import get_task
 

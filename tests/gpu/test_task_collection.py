@@ -17,7 +17,7 @@ from task_shapes import baseline_check, make_inputs
 
 from ptxgym import paths
 from ptxgym.env import PTXKernelEnv
-from ptxgym.evaluate.judge import JudgeSettings
+from ptxgym.evaluate.judge_settings import JudgeSettings
 from ptxgym.evaluate.local_gpu import LocalGPUEvaluator, incompatibility
 from ptxgym.evaluate.worker import resolve_callable
 from ptxgym.tasks import Task, registry

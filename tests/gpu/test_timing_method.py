@@ -23,7 +23,7 @@ pytestmark = pytest.mark.gpu
 EVALUATE_BOTH_WAYS = """
 import json
 from ptxgym import paths
-from ptxgym.evaluate.judge import JudgeSettings
+from ptxgym.evaluate.judge_settings import JudgeSettings
 from ptxgym.evaluate.local_gpu import LocalGPUEvaluator
 from ptxgym.tasks import get_task
 

@@ -27,19 +27,19 @@ from typing import Any
 
 import pytest
 
+from ptxgym.evaluate.conversation import Conversation
 from ptxgym.evaluate.correctness import CheckReport, check_outputs
-from ptxgym.evaluate.judge import (
-    Conversation,
-    Judge,
-    JudgeSettings,
-    Verdict,
-    _output_bytes,
-    _Stage,
-    _TimingPlan,
-    _worker_job,
-    _WorkloadState,
-)
+from ptxgym.evaluate.judge import Judge
+from ptxgym.evaluate.judge_settings import JudgeSettings
 from ptxgym.evaluate.timing import CallSchedule, latency_of
+from ptxgym.evaluate.verdict import Verdict
+from ptxgym.evaluate.workload_state import (
+    CheckStage,
+    TimingPlan,
+    WorkloadState,
+    output_bytes,
+    worker_job,
+)
 from ptxgym.outcome import Status
 from ptxgym.sandbox import channel
 from ptxgym.tasks import WorkloadSpec, get_task
@@ -52,7 +52,7 @@ SETTINGS = JudgeSettings(stage_timeout_s=10.0, warmup=2, iters=5, trials=3)
 # Each trial 2 warm-up calls, then 5 timed: 2..6, 9..13, 16..20.
 SCHEDULE = CallSchedule(SETTINGS.warmup, SETTINGS.iters, SETTINGS.trials)
 CALLS = SCHEDULE.calls
-PLAN = _TimingPlan(seed=1000, checked=frozenset({4, 9, 16}))
+PLAN = TimingPlan(seed=1000, checked=frozenset({4, 9, 16}))
 FIRST_UNCHECKED_TIMED = 2
 PROTOCOL = "broke the judge's protocol"
 
@@ -86,17 +86,17 @@ def reference_for(seed: int) -> Tensors:
     return {"C": a @ b.T}
 
 
-def state() -> _WorkloadState:
-    stages = [_Stage(f"trial{i}", 10 + i, False) for i in range(3)]
-    stages.append(_Stage("outliers", 20, True))
-    return _WorkloadState(SMALL, stages, baseline_ms=1.0, baseline_method="cupti")
+def state() -> WorkloadState:
+    stages = [CheckStage(f"trial{i}", 10 + i, False) for i in range(3)]
+    stages.append(CheckStage("outliers", 20, True))
+    return WorkloadState(SMALL, stages, baseline_ms=1.0, baseline_method="cupti")
 
 
 class CpuChecks:
     """The judge's checks, made on the CPU: the outputs copied out, compared with references
     made from the stage's seed or the timed call's."""
 
-    def __init__(self, states: list[_WorkloadState], plans: dict[str, _TimingPlan]) -> None:
+    def __init__(self, states: list[WorkloadState], plans: dict[str, TimingPlan]) -> None:
         self.seeds = {(s.spec.name, st.name): st.seed for s in states for st in s.stages}
         self.plans = plans
 
@@ -255,9 +255,9 @@ def converse(
     judge_end, worker_end = multiprocessing.Pipe()
     states = [state()]
     plans = {SMALL.name: PLAN}
-    job = _worker_job(TASK, "candidate.so", states, plans, settings)
+    job = worker_job(TASK, "candidate.so", states, plans, settings)
     # Room for more than the task's outputs, so that forgeries with other tensors fit.
-    arena = channel.Arena.create(4 * _output_bytes(TASK, SMALL))
+    arena = channel.Arena.create(4 * output_bytes(TASK, SMALL))
     job["arena_bytes"] = arena.size
     worker = StandIn(worker_end, **stand_in)
     thread = threading.Thread(target=worker.run, daemon=True)
@@ -314,7 +314,7 @@ def test_the_judge_picks_only_timed_calls_and_never_tells_them_ahead() -> None:
     plans = [judge._timing_plan() for _ in range(200)]
     assert all(len(plan.checked) == SETTINGS.timed_checks <= len(timed) for plan in plans)
     assert set().union(*(plan.checked for plan in plans)) == timed  # every timed call, no other
-    job = _worker_job(TASK, "candidate.so", [state()], {SMALL.name: PLAN}, SETTINGS)
+    job = worker_job(TASK, "candidate.so", [state()], {SMALL.name: PLAN}, SETTINGS)
     assert job["workloads"][0]["timing"] == {"seed": PLAN.seed}
 
 

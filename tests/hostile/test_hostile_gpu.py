@@ -27,7 +27,7 @@ from catalogue import Attack, Secret, load_all, make_secret
 
 from ptxgym import paths
 from ptxgym.env import PTXKernelEnv
-from ptxgym.evaluate.judge import JudgeSettings
+from ptxgym.evaluate.judge_settings import JudgeSettings
 from ptxgym.evaluate.local_gpu import LocalGPUEvaluator, incompatibility
 from ptxgym.outcome import Status
 from ptxgym.tasks import get_task
