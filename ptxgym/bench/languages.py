@@ -49,7 +49,7 @@ class LanguageRow:
 def language_rows(records: Iterable[TurnRecord]) -> list[LanguageRow]:
     """One row per language for every (agent, knowledge level, task) recorded in more than one
     language; groups in order of first appearance, CUDA first within a group, then the others
-    by name. The records must hold each turn once (``ptxgym.bench.report.load`` checks that)."""
+    by name. The records must hold each turn once (``ptxgym.bench.runs.load`` checks that)."""
     recorded: _Recorded = defaultdict(lambda: defaultdict(lambda: defaultdict(dict)))
     for record in records:
         trajectory = (record.run, record.prompt_variant, record.trajectory)

@@ -1,20 +1,21 @@
 """Trajectory records → the per-model and per-problem tables (Markdown, CSV, JSON) and the Fast_p
-plot.
+plot (``ptxgym.bench.plots``).
 
-``report(paths)`` reads the JSONL files that ``ptxgym run`` writes. The per-model table has one row
-per agent, knowledge level and action language, over every task and run of the records (PTXBench's
-table of models); the per-problem table groups records by run (name, knowledge level and language),
-with one row per task. A Triton run and a CUDA run are never pooled; where one agent played a task
-in both languages, ``ptxgym.bench.languages`` sets them side by side. Each metric is computed per
-prompt variant over that variant's trajectories (pooled over all tasks for a model), then shown as
-the mean over variants with the min–max across them; in the per-problem table the
-target-instruction value comes first and the unrestricted value follows in parentheses.
-Each run also says what was measured whatever ran: how many turns were built, and which target
-instructions their SASS holds; when no turn reached a GPU, the table and the plot say that their
-zeros were not measured. Each run's tasks are then grouped by category (docs/tasks.md): per
-category, the metrics pooled over its tasks (target-instruction values only over the tasks that
-require the instructions), the transitions between consecutive turns (fixed, regressed, faster,
-slower) and the code-quality means of the submitted sources.
+``report(paths)`` reads the JSONL files that ``ptxgym run`` writes (``ptxgym.bench.runs.load``).
+The per-model table has one row per agent, knowledge level and action language, over every task
+and run of the records (PTXBench's table of models); the per-problem table groups records by run
+(name, knowledge level and language), with one row per task. A Triton run and a CUDA run are
+never pooled; where one agent played a task in both languages, ``ptxgym.bench.languages`` sets
+them side by side. Each metric is computed per prompt variant over that variant's trajectories
+(pooled over all tasks for a model), then shown as the mean over variants with the min–max
+across them; in the per-problem table the target-instruction value comes first and the
+unrestricted value follows in parentheses. Each run also says what was measured whatever ran:
+how many turns were built, and which target instructions their SASS holds; when no turn reached
+a GPU, the table and the plot say that their zeros were not measured. Each run's tasks are then
+grouped by category (docs/tasks.md): per category, the metrics pooled over its tasks
+(target-instruction values only over the tasks that require the instructions), the transitions
+between consecutive turns (fixed, regressed, faster, slower) and the code-quality means of the
+submitted sources.
 """
 
 from __future__ import annotations
@@ -24,29 +25,31 @@ import io
 import json
 from collections import Counter, defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from ptxgym.bench.languages import LanguageRow, language_rows
 from ptxgym.bench.metrics import (
     TURN_LIMITS,
     Summary,
-    Trajectory,
-    best_speedup,
-    fast_p_curve,
     summarize,
 )
-from ptxgym.bench.records import TurnRecord, best_mfu, read_records
+from ptxgym.bench.plots import plot_fast_p
+from ptxgym.bench.records import TurnRecord, best_mfu
+from ptxgym.bench.runs import (
+    NOTHING_RAN,
+    RecordedModel,
+    RecordedRun,
+    Spread,
+    by_model,
+    label_of,
+    load,
+)
 from ptxgym.bench.transitions import EVENTS, trajectory_transitions
 from ptxgym.languages import DEFAULT_LANGUAGE
 from ptxgym.outcome import Status
 from ptxgym.tasks import CATEGORIES, get_task
-
-if TYPE_CHECKING:
-    from matplotlib.axes import Axes
-    from matplotlib.colors import Colormap
-    from matplotlib.figure import Figure, FigureBase
 
 Format = Literal["md", "csv", "json"]
 FORMATS: tuple[Format, ...] = ("md", "csv", "json")
@@ -55,97 +58,6 @@ CSV_TABLES: tuple[CsvTable, ...] = ("tasks", "models", "categories", "languages"
 UNDEFINED = "–"
 # The category of a record that names none (schema 1) and whose task is not registered here.
 UNCATEGORIZED = "uncategorized"
-NOTHING_RAN = "No turn ran on a GPU"
-
-
-def _label(name: str, knowledge: str, language: str) -> str:
-    """``name (knowledge)``; ``name (knowledge, triton)`` for a language other than CUDA."""
-    qualifiers = [knowledge] + ([] if language == DEFAULT_LANGUAGE else [language])
-    return f"{name} ({', '.join(qualifiers)})"
-
-
-@dataclass
-class RecordedRun:
-    """The records of one run configuration, as trajectories by task and prompt variant."""
-
-    name: str
-    knowledge: str
-    language: str
-    agents: set[str] = field(default_factory=set)
-    # task → variant → trajectory index → turn → record
-    tasks: dict[str, dict[int, dict[int, dict[int, TurnRecord]]]] = field(
-        default_factory=lambda: defaultdict(lambda: defaultdict(lambda: defaultdict(dict)))
-    )
-
-    @property
-    def label(self) -> str:
-        return _label(self.name, self.knowledge, self.language)
-
-    @property
-    def longest(self) -> int:
-        return max(
-            max(turns)
-            for variants in self.tasks.values()
-            for trajectories in variants.values()
-            for turns in trajectories.values()
-        )
-
-    def records(self) -> list[TurnRecord]:
-        return [
-            record
-            for variants in self.tasks.values()
-            for trajectories in variants.values()
-            for turns in trajectories.values()
-            for record in turns.values()
-        ]
-
-    @property
-    def reached_gpu(self) -> bool:
-        """Whether any turn was run on a GPU (built turns of a compile-only run were not)."""
-        return any(record.reached_gpu for record in self.records())
-
-    @property
-    def measured_mfu(self) -> bool:
-        """Whether any turn's speed of light was measured (timed on a GPU with known peaks)."""
-        return any(record.mfu is not None for record in self.records())
-
-    def turn_records(self, task_id: str, variant: int) -> list[list[TurnRecord]]:
-        """Each trajectory of one variant of a task, its records in turn order."""
-        return [
-            [turns[number] for number in sorted(turns)]
-            for _, turns in sorted(self.tasks[task_id][variant].items())
-        ]
-
-    def trajectories(self, task_id: str, variant: int | None = None) -> list[Trajectory]:
-        """Each trajectory's turns in order, for one variant or pooled over all of them."""
-        chosen = list(self.tasks[task_id]) if variant is None else [variant]
-        return [
-            [record.as_turn() for record in records]
-            for v in chosen
-            for records in self.turn_records(task_id, v)
-        ]
-
-
-@dataclass(frozen=True)
-class Spread:
-    """One metric across prompt variants: mean, min and max over the ``n`` variants where it is
-    defined (best speedup is undefined for a variant without a counting turn)."""
-
-    mean: float | None
-    low: float | None
-    high: float | None
-    n: int
-
-    @classmethod
-    def of(cls, values: Sequence[float | None]) -> Spread:
-        defined = [value for value in values if value is not None]
-        if not defined:
-            return cls(None, None, None, 0)
-        return cls(sum(defined) / len(defined), min(defined), max(defined), len(defined))
-
-    def columns(self, key: str) -> dict[str, float | None]:
-        """The flat columns of metric ``key``: its mean, min and max across variants."""
-        return {f"{key}_mean": self.mean, f"{key}_min": self.low, f"{key}_max": self.high}
 
 
 @dataclass(frozen=True)
@@ -183,62 +95,6 @@ class Row:
                 f"{side}_n": spread.n,
             }
         return data
-
-
-@dataclass
-class RecordedModel:
-    """The records of one agent at one knowledge level in one action language over every run
-    and task, as trajectories by prompt variant."""
-
-    agent: str
-    knowledge: str
-    language: str
-    # variant → (run, task, trajectory index) → turn → record
-    variants: dict[int, dict[tuple[str, str, int], dict[int, TurnRecord]]] = field(
-        default_factory=lambda: defaultdict(lambda: defaultdict(dict))
-    )
-
-    @property
-    def label(self) -> str:
-        return _label(self.agent, self.knowledge, self.language)
-
-    def records(self) -> list[TurnRecord]:
-        return [
-            record
-            for trajectories in self.variants.values()
-            for turns in trajectories.values()
-            for record in turns.values()
-        ]
-
-    @property
-    def longest(self) -> int:
-        return max(
-            max(turns) for trajectories in self.variants.values() for turns in trajectories.values()
-        )
-
-    def trajectories(self, variant: int) -> list[Trajectory]:
-        """Each trajectory of one variant, over every task and run, its turns in order."""
-        return [
-            [turns[number].as_turn() for number in sorted(turns)]
-            for _, turns in sorted(self.variants[variant].items())
-        ]
-
-
-def by_model(runs: Sequence[RecordedRun]) -> list[RecordedModel]:
-    """The runs' records regrouped by agent, knowledge level and action language, in order of
-    first appearance."""
-    models: dict[tuple[str, str, str], RecordedModel] = {}
-    for run in runs:
-        for task_id, variants in run.tasks.items():
-            for variant, trajectories in variants.items():
-                for index, turns in trajectories.items():
-                    for number, record in turns.items():
-                        model = models.setdefault(
-                            (record.agent, run.knowledge, run.language),
-                            RecordedModel(record.agent, run.knowledge, run.language),
-                        )
-                        model.variants[variant][(run.name, task_id, index)][number] = record
-    return list(models.values())
 
 
 def _amount(generation: dict[str, Any], key: str) -> float | None:
@@ -352,7 +208,7 @@ class ModelRow:
 
     @property
     def label(self) -> str:
-        return _label(self.agent, self.knowledge, self.language)
+        return label_of(self.agent, self.knowledge, self.language)
 
     def flat(self) -> dict[str, Any]:
         """The row as one flat mapping (CSV and JSON share it)."""
@@ -485,40 +341,6 @@ def report(
         }
         return json.dumps(document, indent=2) + "\n"
     return _markdown(runs, table, ps, models, categories, languages)
-
-
-def load(paths: Sequence[Path]) -> list[RecordedRun]:
-    """Every record in ``paths``, grouped by run (name, knowledge level and action language); a
-    turn recorded twice is an error.
-
-    The language is part of a turn's identity: a run's name defaults to its file's stem, so a
-    CUDA run and a Triton run written to files of one name in two folders share their names and
-    keys, yet are different turns.
-    """
-    runs: dict[tuple[str, str, str], RecordedRun] = {}
-    seen: dict[tuple[str, str, tuple[str, int, str, int, int]], Path] = {}
-    for path in map(Path, paths):
-        if not path.is_file():
-            raise FileNotFoundError(f"{path}: no such file")
-        for record in read_records(path):
-            identity = (record.run, record.language, record.key)
-            if (first := seen.get(identity)) is not None:
-                raise ValueError(
-                    f"{path}: turn {record.turn} of {record.task_id} variant "
-                    f"{record.prompt_variant} trajectory {record.trajectory} in run "
-                    f"{record.run!r} ({record.language}) is recorded twice (also in {first})"
-                )
-            seen[identity] = path
-            run = runs.setdefault(
-                (record.run, record.knowledge, record.language),
-                RecordedRun(record.run, record.knowledge, record.language),
-            )
-            run.agents.add(record.agent)
-            trajectory = run.tasks[record.task_id][record.prompt_variant][record.trajectory]
-            trajectory[record.turn] = record
-    if not runs:
-        raise ValueError(f"no trajectory records in {', '.join(str(p) for p in paths)}")
-    return list(runs.values())
 
 
 def _family_names(task_id: str) -> dict[str, str]:
@@ -1093,165 +915,3 @@ def _markdown(
         "",
     ]
     return "\n".join(lines)
-
-
-def plot_fast_p(runs: Sequence[RecordedRun], path: Path) -> None:
-    """Save :func:`report_figure` as PNG: the per-model curves above the per-task ones."""
-    figure = report_figure(runs)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, format="png", dpi=120)
-
-
-def report_figure(runs: Sequence[RecordedRun]) -> Figure:
-    """:func:`fast_p_model_figure` (top) and :func:`fast_p_figure` (bottom) in one figure."""
-    figure = _figure(rows=2)
-    subfigures = figure.subfigures(2, 1, squeeze=False)
-    _draw_models(subfigures[0, 0], runs)
-    _draw_tasks(subfigures[1, 0], runs, title="Per task: prompt variants and trajectories pooled")
-    return figure
-
-
-def fast_p_figure(runs: Sequence[RecordedRun]) -> Figure:
-    """Fast_p^Inst and Fast_p against the threshold p, one line per task (variants pooled).
-
-    A dashed vertical line marks each task's best counting speedup. When no turn ran on a GPU,
-    each panel says so, since its flat zero lines were not measured.
-    """
-    figure = _figure(rows=1)
-    _draw_tasks(figure, runs)
-    return figure
-
-
-def fast_p_model_figure(runs: Sequence[RecordedRun]) -> Figure:
-    """Fast_p^Inst and Fast_p against the threshold p, one line per agent, knowledge level and
-    action language: the mean over prompt variants (each pooling its trajectories over all
-    tasks), in a shaded band from the lowest to the highest variant."""
-    figure = _figure(rows=1)
-    _draw_models(figure, runs)
-    return figure
-
-
-def _figure(rows: int) -> Figure:
-    # Imported here: matplotlib is slow to import and only the plot needs it. The Agg canvas is
-    # used directly, so a caller's pyplot backend is left alone.
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    figure = Figure(figsize=(12, 4.8 * rows), layout="constrained")
-    FigureCanvasAgg(figure)
-    return figure
-
-
-def _thresholds(runs: Sequence[RecordedRun]) -> list[float]:
-    """Speedup thresholds p on a log scale from 0.01 to 10, widened to fit every speedup."""
-    speedups = [
-        record.speedup
-        for run in runs
-        for record in run.records()
-        if record.correct and record.speedup
-    ]
-    low = min([0.01, *(s / 2 for s in speedups)])
-    high = max([10.0, *(s * 2 for s in speedups)])
-    steps = 400
-    return [low * (high / low) ** (i / (steps - 1)) for i in range(steps)]
-
-
-_PANELS = (
-    (True, r"$\mathrm{Fast}_p^{\mathrm{Inst}}$ (target instructions executed)"),
-    (False, r"$\mathrm{Fast}_p$"),
-)
-
-
-def _panels(
-    target: FigureBase, runs: Sequence[RecordedRun], thresholds: Sequence[float], lines: int
-) -> list[tuple[Axes, bool, Colormap]]:
-    """The two panels (Fast_p^Inst left, Fast_p right), styled, and the palette for ``lines``."""
-    from matplotlib import colormaps
-
-    axes = target.subplots(1, 2, sharey=True)
-    palette = colormaps["tab10" if lines <= 10 else "tab20"]
-    for ax, (_, title) in zip(axes, _PANELS, strict=True):
-        if not any(run.reached_gpu for run in runs):
-            ax.text(
-                0.5,
-                0.5,
-                f"{NOTHING_RAN}:\ncorrectness and speed were not measured",
-                transform=ax.transAxes,
-                ha="center",
-                va="center",
-                fontsize=11,
-            )
-        ax.set_xscale("log")
-        ax.set_xlim(thresholds[0], thresholds[-1])
-        ax.set_ylim(0.0, 1.02)
-        ax.set_title(title)
-        ax.set_xlabel("speedup threshold p (× library baseline)")
-        ax.grid(True, which="both", alpha=0.3)
-    axes[0].set_ylabel("fraction of turns")
-    return [(ax, inst, palette) for ax, (inst, _) in zip(axes, _PANELS, strict=True)]
-
-
-def _legend(target: FigureBase, ax: Axes) -> None:
-    target.legend(*ax.get_legend_handles_labels(), loc="outside right upper", fontsize=8)
-
-
-def _draw_tasks(target: FigureBase, runs: Sequence[RecordedRun], title: str | None = None) -> None:
-    """One line per task; a dashed vertical line at each task's best counting speedup."""
-    curves = [
-        (f"{run.label} · {task_id}" if len(runs) > 1 else task_id, run.trajectories(task_id))
-        for run in runs
-        for task_id in run.tasks
-    ]
-    thresholds = _thresholds(runs)
-    panels = _panels(target, runs, thresholds, len(curves))
-    for ax, inst, palette in panels:
-        for index, (label, trajectories) in enumerate(curves):
-            color = palette(index % palette.N)
-            values = [value or 0.0 for value in fast_p_curve(trajectories, thresholds, inst=inst)]
-            ax.step(thresholds, values, where="post", color=color, label=label)
-            best = best_speedup(trajectories, inst=inst)
-            if best is not None:
-                ax.axvline(best, color=color, linestyle="--", linewidth=1)
-                ax.annotate(
-                    f"{best:.3g}×",
-                    # Staggered, so that the labels of nearby lines do not overprint.
-                    xy=(best, 0.98 - 0.12 * (index % 5)),
-                    xycoords=("data", "axes fraction"),
-                    rotation=90,
-                    ha="right",
-                    va="top",
-                    fontsize=8,
-                    color=color,
-                )
-    if title is not None:
-        target.suptitle(title)
-    _legend(target, panels[0][0])
-
-
-def _draw_models(target: FigureBase, runs: Sequence[RecordedRun]) -> None:
-    """Per agent, knowledge level and language: the mean over prompt variants, in a min–max
-    band."""
-    models = by_model(runs)
-    thresholds = _thresholds(runs)
-    panels = _panels(target, runs, thresholds, len(models))
-    for ax, inst, palette in panels:
-        for index, model in enumerate(models):
-            color = palette(index % palette.N)
-            curves = [
-                fast_p_curve(model.trajectories(variant), thresholds, inst=inst)
-                for variant in sorted(model.variants)
-            ]
-            spreads = [Spread.of(values) for values in zip(*curves, strict=True)]
-            ax.fill_between(
-                thresholds,
-                [spread.low or 0.0 for spread in spreads],
-                [spread.high or 0.0 for spread in spreads],
-                step="post",
-                color=color,
-                alpha=0.2,
-                linewidth=0,
-            )
-            mean = [spread.mean or 0.0 for spread in spreads]
-            ax.step(thresholds, mean, where="post", color=color, label=model.label)
-    target.suptitle("Per agent (knowledge): mean over prompt variants, shaded from min to max")
-    _legend(target, panels[0][0])

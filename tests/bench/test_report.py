@@ -12,15 +12,10 @@ import pytest
 from matplotlib.axes import Axes
 from matplotlib.collections import PolyCollection
 
+from ptxgym.bench.plots import fast_p_figure, fast_p_model_figure, report_figure
 from ptxgym.bench.records import TurnRecord
-from ptxgym.bench.report import (
-    NOTHING_RAN,
-    fast_p_figure,
-    fast_p_model_figure,
-    load,
-    report,
-    report_figure,
-)
+from ptxgym.bench.report import report
+from ptxgym.bench.runs import NOTHING_RAN, load
 from ptxgym.cli import main
 
 H100, B200 = "PTX-H100-GEMM", "PTX-B200-GEMM"

@@ -13,8 +13,10 @@ import pytest
 from test_report import B200, H100, RECORDS, turn, write
 
 from ptxgym.bench.languages import LanguageRow, language_rows
+from ptxgym.bench.plots import fast_p_model_figure
 from ptxgym.bench.records import TurnRecord
-from ptxgym.bench.report import NOTHING_RAN, fast_p_model_figure, load, report
+from ptxgym.bench.report import report
+from ptxgym.bench.runs import NOTHING_RAN, load
 from ptxgym.cli import main
 
 

@@ -7,7 +7,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from ptxgym.bench.records import TurnRecord
-from ptxgym.bench.report import category_rows, load, report
+from ptxgym.bench.report import category_rows, report
+from ptxgym.bench.runs import load
 from ptxgym.bench.transitions import Turn, events, trajectory_transitions, transition
 
 
