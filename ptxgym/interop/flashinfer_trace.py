@@ -1,46 +1,55 @@
 """FlashInfer-Trace interop: ptxgym tasks, candidates and outcomes as FlashInfer-Bench records.
 
-The models mirror ``flashinfer_bench/data/`` (``definition.py``, ``workload.py``, ``solution.py``,
-``trace.py``) of flashinfer-ai/flashinfer-bench at commit 40e6ca78: the same field names, nesting,
-defaults, enum values and validators, so a dump of ours parses with theirs and theirs with ours.
-ptxgym does not depend on flashinfer-bench (it needs torch); these are written from its schema.
-
-Dumps for files use ``exclude_unset=True``, as FlashInfer-Bench's ``save_json_file`` does, so a
-document read from their format dumps back to the same dict. Two kinds of field always count as
-set: the ``type`` tags of axes and workload inputs, and a Trace's ``solution``/``evaluation``
-(FlashInfer-Bench writes workload records with explicit nulls).
-
-Conversions (documented in ``docs/trace.md``): :func:`definition_from_task`,
-:func:`workloads_from_task`, :func:`solution_from_source`, :func:`trace_from_outcome` and
-:func:`write_trace_set`, which lays out a dataset the way their ``TraceSet`` reads it.
+The records are the models of ``ptxgym.interop.flashinfer_schema`` (FlashInfer-Bench's schema at
+commit 40e6ca78), handed on here with the conversions, so this module is the one to import.
+Conversions (documented in ``docs/trace.md``): :func:`definition_from_task` (its reference made
+self-contained by ``ptxgym.interop.reference_source``), :func:`workloads_from_task`,
+:func:`solution_from_source`, :func:`trace_from_outcome` and :func:`write_trace_set`, which lays
+out a dataset the way their ``TraceSet`` reads it.
 """
 
 from __future__ import annotations
 
 import ast
-import keyword
 import math
 import re
 import uuid
 from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime
-from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Discriminator,
-    Field,
-    Tag,
-    field_validator,
-    model_validator,
-)
 
 from ptxgym import tasks as _tasks
+from ptxgym.interop.flashinfer_schema import (
+    AxisConst,
+    AxisVar,
+    Binding,
+    BuildSpec,
+    Correctness,
+    Definition,
+    Environment,
+    Evaluation,
+    EvaluationStatus,
+    Language,
+    Performance,
+    RandomInput,
+    SafetensorsInput,
+    ScalarInput,
+    Solution,
+    SourceFile,
+    TensorSpec,
+    Trace,
+    TraceExportError,
+    Workload,
+    read_definition,
+    read_jsonl,
+    to_dict,
+    to_json,
+)
+from ptxgym.interop.reference_source import reference_source
 from ptxgym.languages.cuda.compiler import CANDIDATE_FILE
 from ptxgym.outcome import Outcome, Status
 
@@ -48,12 +57,14 @@ __all__ = [
     "STATUS_MAP",
     "AxisConst",
     "AxisVar",
+    "Binding",
     "BuildSpec",
     "Correctness",
     "Definition",
     "Environment",
     "Evaluation",
     "EvaluationStatus",
+    "Language",
     "Performance",
     "RandomInput",
     "SafetensorsInput",
@@ -79,372 +90,13 @@ __all__ = [
     "write_trace_set",
 ]
 
-NonEmptyString = Annotated[str, Field(min_length=1)]
-NonNegativeInt = Annotated[int, Field(ge=0)]
 
-# Their DType enum, spelled as they spell it.
-DType = Literal[
-    "float32",
-    "float16",
-    "bfloat16",
-    "float8_e4m3fn",
-    "float8_e5m2",
-    "float4_e2m1",
-    "int64",
-    "int32",
-    "int16",
-    "int8",
-    "bool",
-]
 _FLOAT_DTYPES = frozenset(
     {"float32", "float16", "bfloat16", "float8_e4m3fn", "float8_e5m2", "float4_e2m1"}
 )
 
 # FlashInfer-Bench caps an embedded evaluation log at 5 MiB (bench/utils.py).
 _MAX_LOG_BYTES = 5 * 1024 * 1024
-
-
-class TraceExportError(ValueError):
-    """A ptxgym object cannot be expressed as a FlashInfer-Trace record as asked."""
-
-
-class _FibModel(BaseModel):
-    # Unknown fields are rejected (theirs ignore them) so schema drift is noticed, not dropped.
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    # Fields that count as set even when left at their default, so that exclude_unset dumps
-    # keep them, as FlashInfer-Bench's own files do.
-    _ALWAYS_DUMPED: ClassVar[tuple[str, ...]] = ()
-
-    def model_post_init(self, context: Any, /) -> None:
-        self.model_fields_set.update(self._ALWAYS_DUMPED)
-
-
-def to_dict(model: BaseModel) -> dict[str, Any]:
-    """The JSON-ready dict FlashInfer-Bench would write for ``model`` (unset fields left out)."""
-    return model.model_dump(mode="json", exclude_unset=True)
-
-
-def _to_json(model: BaseModel, *, indent: int | None = None) -> str:
-    return model.model_dump_json(indent=indent, exclude_unset=True)
-
-
-# --------------------------------------------------------------------------------------------
-# Definition (flashinfer_bench/data/definition.py)
-
-
-class AxisConst(_FibModel):
-    """An axis with a value fixed by the definition."""
-
-    _ALWAYS_DUMPED = ("type",)
-
-    type: Literal["const"] = "const"
-    value: NonNegativeInt
-    description: str | None = None
-
-
-class AxisVar(_FibModel):
-    """An axis whose value each workload sets (bound from input shapes at run time)."""
-
-    _ALWAYS_DUMPED = ("type",)
-
-    type: Literal["var"] = "var"
-    description: str | None = None
-
-
-def _axis_tag(value: Any) -> str:
-    # A missing tag is read the way their untagged union resolves it: a value means const.
-    if isinstance(value, Mapping):
-        tag = value.get("type")
-        return str(tag) if tag is not None else ("const" if "value" in value else "var")
-    return str(getattr(value, "type", ""))
-
-
-AxisSpec = Annotated[
-    Annotated[AxisConst, Tag("const")] | Annotated[AxisVar, Tag("var")],
-    Discriminator(_axis_tag),
-]
-
-
-class TensorSpec(_FibModel):
-    """An input or output: shape as axis names (``None`` for a scalar) and dtype."""
-
-    shape: list[NonEmptyString] | None
-    dtype: DType
-    description: str | None = None
-
-
-class Definition(_FibModel):
-    """A kernel's interface and math: axes, inputs, outputs and a PyTorch reference."""
-
-    name: NonEmptyString
-    op_type: NonEmptyString
-    axes: dict[NonEmptyString, AxisSpec]
-    inputs: dict[NonEmptyString, TensorSpec]
-    outputs: dict[NonEmptyString, TensorSpec]
-    reference: NonEmptyString
-    tags: list[NonEmptyString] = Field(default_factory=list)
-    description: str | None = None
-    constraints: list[NonEmptyString] = Field(default_factory=list)
-
-    @model_validator(mode="after")
-    def _validate(self) -> Definition:
-        # The same checks as theirs: a parseable reference with a top-level run, disjoint
-        # input/output names, parseable constraints, shapes over declared axes.
-        try:
-            module = ast.parse(self.reference, mode="exec")
-        except SyntaxError as exc:
-            raise ValueError(f"Reference must be valid Python code: {exc}") from exc
-        if not any(isinstance(n, ast.FunctionDef) and n.name == "run" for n in module.body):
-            raise ValueError("Reference must define a top-level function named 'run'")
-        if set(self.inputs) & set(self.outputs):
-            raise ValueError("Input and output names must not overlap")
-        for constraint in self.constraints:
-            try:
-                ast.parse(constraint, mode="eval")
-            except SyntaxError as exc:
-                raise ValueError(f"Constraints must be valid Python expressions: {exc}") from exc
-        for name, spec in {**self.inputs, **self.outputs}.items():
-            for axis in spec.shape or []:
-                if axis not in self.axes:
-                    kind = "Input" if name in self.inputs else "Output"
-                    raise ValueError(f'{kind} "{name}" references undefined axis "{axis}"')
-        return self
-
-    @property
-    def var_axes(self) -> list[str]:
-        return [n for n, a in self.axes.items() if isinstance(a, AxisVar)]
-
-    @property
-    def const_axes(self) -> dict[str, int]:
-        return {n: a.value for n, a in self.axes.items() if isinstance(a, AxisConst)}
-
-
-# --------------------------------------------------------------------------------------------
-# Workload (flashinfer_bench/data/workload.py)
-
-
-class RandomInput(_FibModel):
-    """Drawn by the benchmark: ``randn`` for floats, ``randint(-1024, 1024)`` for ints."""
-
-    _ALWAYS_DUMPED = ("type",)
-
-    type: Literal["random"] = "random"
-
-
-class ScalarInput(_FibModel):
-    """A Python scalar passed as is."""
-
-    _ALWAYS_DUMPED = ("type",)
-
-    type: Literal["scalar"] = "scalar"
-    value: int | float | bool
-
-
-class SafetensorsInput(_FibModel):
-    """A tensor loaded from a safetensors file; ``path`` is relative to the trace-set root."""
-
-    _ALWAYS_DUMPED = ("type",)
-
-    type: Literal["safetensors"] = "safetensors"
-    path: NonEmptyString
-    tensor_key: NonEmptyString
-
-
-def _input_tag(value: Any) -> str:
-    if isinstance(value, Mapping):
-        tag = value.get("type")
-        if tag is not None:
-            return str(tag)
-        return "safetensors" if "path" in value else "scalar" if "value" in value else "random"
-    return str(getattr(value, "type", ""))
-
-
-InputSpec = Annotated[
-    Annotated[RandomInput, Tag("random")]
-    | Annotated[SafetensorsInput, Tag("safetensors")]
-    | Annotated[ScalarInput, Tag("scalar")],
-    Discriminator(_input_tag),
-]
-
-
-class Workload(_FibModel):
-    """Values for every var axis and a data source for every input."""
-
-    axes: dict[str, NonNegativeInt]
-    inputs: dict[str, InputSpec]
-    uuid: NonEmptyString
-
-
-# --------------------------------------------------------------------------------------------
-# Solution (flashinfer_bench/data/solution.py)
-
-
-class Language(StrEnum):
-    PYTHON = "python"
-    TRITON = "triton"
-    CPP = "cpp"
-    CUDA = "cuda"
-    TILELANG = "tilelang"
-
-
-class Binding(StrEnum):
-    TVM_FFI = "tvm-ffi"
-    TORCH = "torch"
-
-
-class SourceFile(_FibModel):
-    """One source file of a solution, at a relative path."""
-
-    path: NonEmptyString
-    content: NonEmptyString
-
-    @model_validator(mode="after")
-    def _relative_path(self) -> SourceFile:
-        path = Path(self.path)
-        if path.is_absolute():
-            raise ValueError(f"Invalid source path (absolute path not allowed): {self.path}")
-        if ".." in path.parts:
-            raise ValueError(
-                f"Invalid source path (parent directory traversal not allowed): {self.path}"
-            )
-        return self
-
-
-class BuildSpec(_FibModel):
-    """How to build and call a solution."""
-
-    language: Language
-    target_hardware: list[str] = Field(min_length=1)
-    entry_point: NonEmptyString
-    dependencies: list[NonEmptyString] = Field(default_factory=list)
-    destination_passing_style: bool = True
-    binding: Binding | None = None
-
-    @model_validator(mode="after")
-    def _entry_point_format(self) -> BuildSpec:
-        if self.entry_point.count("::") != 1:
-            raise ValueError(
-                f"Invalid entry point format: {self.entry_point}. Expected "
-                '"<file_path>::<function_name>".'
-            )
-        return self
-
-
-class Solution(_FibModel):
-    """A concrete implementation of a definition."""
-
-    name: NonEmptyString
-    definition: NonEmptyString
-    author: NonEmptyString
-    spec: BuildSpec
-    sources: list[SourceFile] = Field(min_length=1)
-    description: str | None = None
-
-    @model_validator(mode="after")
-    def _sources_hold_entry(self) -> Solution:
-        seen: set[str] = set()
-        for source in self.sources:
-            if source.path in seen:
-                raise ValueError(f"Duplicate source path '{source.path}'")
-            seen.add(source.path)
-        entry_file = self.spec.entry_point.split("::")[0]
-        if entry_file not in seen:
-            raise ValueError(f"Entry source file '{entry_file}' not found in sources")
-        return self
-
-
-# --------------------------------------------------------------------------------------------
-# Trace (flashinfer_bench/data/trace.py)
-
-
-class Correctness(_FibModel):
-    """Error maxima against the reference; NaN means unknown or non-finite output."""
-
-    model_config = ConfigDict(ser_json_inf_nan="strings")
-
-    max_relative_error: float = 0.0
-    max_absolute_error: float = 0.0
-    extra: dict[str, Any] | None = None
-
-    @field_validator("max_relative_error", "max_absolute_error")
-    @classmethod
-    def _non_negative_or_nan(cls, value: float) -> float:
-        if not math.isnan(value) and value < 0:
-            raise ValueError("must be non-negative or NaN")
-        return value
-
-
-class Performance(_FibModel):
-    """Latencies in milliseconds; speedup_factor = reference_latency_ms / latency_ms."""
-
-    latency_ms: float = Field(default=0.0, ge=0.0)
-    reference_latency_ms: float = Field(default=0.0, ge=0.0)
-    speedup_factor: float = Field(default=0.0, ge=0.0)
-
-
-class Environment(_FibModel):
-    """Where the evaluation ran: hardware name (e.g. ``NVIDIA_H100``) and library versions."""
-
-    hardware: NonEmptyString
-    libs: dict[str, str] = Field(default_factory=dict)
-
-
-class EvaluationStatus(StrEnum):
-    PASSED = "PASSED"
-    INCORRECT_SHAPE = "INCORRECT_SHAPE"
-    INCORRECT_NUMERICAL = "INCORRECT_NUMERICAL"
-    INCORRECT_DTYPE = "INCORRECT_DTYPE"
-    RUNTIME_ERROR = "RUNTIME_ERROR"
-    COMPILE_ERROR = "COMPILE_ERROR"
-    TIMEOUT = "TIMEOUT"
-
-
-class Evaluation(_FibModel):
-    """One solution's result on one workload."""
-
-    status: EvaluationStatus
-    environment: Environment
-    timestamp: NonEmptyString
-    log: str = ""
-    correctness: Correctness | None = None
-    performance: Performance | None = None
-
-    @model_validator(mode="after")
-    def _metrics_match_status(self) -> Evaluation:
-        # Their table: PASSED needs both; INCORRECT_NUMERICAL needs correctness only; every
-        # other status carries neither.
-        needs_correctness = self.status in (
-            EvaluationStatus.PASSED,
-            EvaluationStatus.INCORRECT_NUMERICAL,
-        )
-        needs_performance = self.status is EvaluationStatus.PASSED
-        if needs_correctness != (self.correctness is not None):
-            verb = "must include" if needs_correctness else "must not include"
-            raise ValueError(f"Evaluation {verb} correctness when status is {self.status}")
-        if needs_performance != (self.performance is not None):
-            verb = "must include" if needs_performance else "must not include"
-            raise ValueError(f"Evaluation {verb} performance when status is {self.status}")
-        return self
-
-
-class Trace(_FibModel):
-    """A workload of a definition, and optionally a solution's evaluation on it.
-
-    With ``solution`` and ``evaluation`` null it is a workload record (``workloads/*.jsonl``).
-    """
-
-    _ALWAYS_DUMPED = ("solution", "evaluation")
-
-    definition: NonEmptyString
-    workload: Workload
-    solution: str | None = None
-    evaluation: Evaluation | None = None
-
-    def is_workload_trace(self) -> bool:
-        return self.solution is None and self.evaluation is None
-
-
 # --------------------------------------------------------------------------------------------
 # Names
 
@@ -609,191 +261,6 @@ def definition_from_task(task: _tasks.Task) -> Definition:
             "constraints": constraints,
         }
     )
-
-
-# --------------------------------------------------------------------------------------------
-# Reference source
-
-_INLINED_PACKAGE = "kernels_ref"
-
-
-class _Module:
-    """A reference module's text, split into what is kept and what is inlined or dropped."""
-
-    def __init__(self, module_name: str, *, is_main: bool) -> None:
-        self.name = module_name
-        self.path = _module_path(module_name)
-        text = self.path.read_text(encoding="utf-8")
-        tree = ast.parse(text, filename=str(self.path))
-        lines = text.splitlines()
-        replace: dict[int, tuple[int, list[str]]] = {}  # first line -> (last line, new lines)
-        self.docstring: str | None = None
-        self.future: list[str] = []
-        self.dependencies: list[str] = []
-        self.defined: set[str] = set()
-        self.imported: set[str] = set()
-        for index, node in enumerate(tree.body):
-            span = (node.lineno, node.end_lineno or node.lineno)
-            if index == 0 and (docstring := _string_constant(node)) is not None:
-                self.docstring = docstring
-                replace[span[0]] = (span[1], [])
-            elif isinstance(node, ast.ImportFrom) and node.module == "__future__":
-                self.future += [alias.name for alias in node.names]
-                replace[span[0]] = (span[1], [])
-            elif isinstance(node, ast.ImportFrom) and _is_inlined(node.module, node.level):
-                assert node.module is not None
-                self.dependencies.append(node.module)
-                # The names become module-level definitions once the dependency is inlined;
-                # only renamed imports need a line.
-                aliases = [f"{a.asname} = {a.name}" for a in node.names if a.asname]
-                self.imported.update(a.asname or a.name for a in node.names)
-                replace[span[0]] = (span[1], aliases)
-            elif isinstance(node, ast.ImportFrom | ast.Import) and _imports_package(node):
-                raise TraceExportError(
-                    f"{self.path}:{node.lineno}: only 'from {_INLINED_PACKAGE}.<module> import "
-                    "<names>' can be inlined into a FlashInfer reference"
-                )
-            elif isinstance(node, ast.Import | ast.ImportFrom):
-                self.imported.update((a.asname or a.name).split(".")[0] for a in node.names)
-            elif not is_main and _assigns(node) == {"__all__"}:
-                replace[span[0]] = (span[1], [])
-            else:
-                self.defined |= _assigns(node)
-        kept: list[str] = []
-        number = 1
-        while number <= len(lines):
-            if number in replace:
-                last, new = replace[number]
-                kept += new
-                number = last + 1
-            else:
-                kept.append(lines[number - 1])
-                number += 1
-        self.body = "\n".join(kept).strip("\n")
-
-
-def _string_constant(node: ast.stmt) -> str | None:
-    if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):
-        value = node.value.value
-        return value if isinstance(value, str) else None
-    return None
-
-
-def _module_path(module_name: str) -> Path:
-    # Located, never imported: the reference modules need torch.
-    try:
-        return _tasks.locate_module(module_name)
-    except ValueError as exc:
-        raise TraceExportError(f"reference {exc}") from None
-
-
-def _is_inlined(module: str | None, level: int) -> bool:
-    return level == 0 and module is not None and module.startswith(f"{_INLINED_PACKAGE}.")
-
-
-def _imports_package(node: ast.Import | ast.ImportFrom) -> bool:
-    if isinstance(node, ast.ImportFrom):
-        return node.level > 0 or node.module == _INLINED_PACKAGE
-    return any(a.name.split(".")[0] == _INLINED_PACKAGE for a in node.names)
-
-
-def _assigns(node: ast.stmt) -> set[str]:
-    """Top-level names a statement defines (functions, classes, plain assignments)."""
-    if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
-        return {node.name}
-    targets: list[ast.expr] = []
-    if isinstance(node, ast.Assign):
-        targets = node.targets
-    elif isinstance(node, ast.AnnAssign | ast.AugAssign):
-        targets = [node.target]
-    names: set[str] = set()
-    for target in targets:
-        names |= {n.id for n in ast.walk(target) if isinstance(n, ast.Name)}
-    return names
-
-
-def _python_literal(value: Any, where: str) -> str:
-    text = repr(value)
-    try:
-        same = ast.literal_eval(text) == value
-    except (ValueError, SyntaxError):
-        same = False
-    if not same:
-        raise TraceExportError(f"{where}: {value!r} cannot be written as a Python literal")
-    return text
-
-
-def reference_source(task: _tasks.Task) -> str:
-    """Self-contained Python source for the Definition's ``reference``.
-
-    The reference module's text, with the ``kernels_ref`` modules it imports inlined ahead of it
-    (so it runs without ptxgym installed), then a top-level ``run`` that takes the inputs
-    positionally in definition order, calls the reference function with the task's
-    ``callables.params`` and returns the outputs in definition order, cast to their dtypes
-    (FlashInfer-Bench compares the solution's dtypes with the reference's).
-    """
-    module_name, function = task.callables.reference.split(":")
-    main = _Module(module_name, is_main=True)
-    ordered: list[_Module] = []
-    seen: set[str] = {module_name}
-
-    def visit(module: _Module) -> None:
-        for dependency in module.dependencies:
-            if dependency not in seen:
-                seen.add(dependency)
-                inner = _Module(dependency, is_main=False)
-                visit(inner)
-                ordered.append(inner)
-
-    visit(main)
-    everything = [*ordered, main]
-    owners: dict[str, str] = {}
-    for module in everything:
-        for name in module.defined:
-            if name in owners:
-                raise TraceExportError(
-                    f"cannot inline {module.name} after {owners[name]}: both define {name!r}"
-                )
-            owners[name] = module.name
-    if any("run" in m.defined | m.imported for m in everything):
-        raise TraceExportError(f"{module_name} defines 'run', which the reference must own")
-
-    inputs = list(task.definition.inputs)
-    for name in inputs:
-        if not name.isidentifier() or keyword.iskeyword(name) or name in ("torch", function):
-            raise TraceExportError(f"{task.id}: input {name!r} cannot be a parameter of run")
-    params = ", ".join(
-        f"{key}={_python_literal(value, f'{task.id}: callables.params.{key}')}"
-        for key, value in task.callables.params.items()
-    )
-    call_args = "{" + ", ".join(f"{n!r}: {n}" for n in inputs) + "}"
-    call = f"{function}({call_args}{', ' + params if params else ''})"
-    results = [
-        f"outputs[{name!r}].to(torch.{spec.dtype})"
-        for name, spec in task.definition.outputs.items()
-    ]
-    run = [
-        "import torch",
-        "",
-        "",
-        f"def run({', '.join(inputs)}):",
-        f'    """FlashInfer-Bench entry point for ptxgym task {task.id}: inputs in definition',
-        "    order; returns the outputs in definition order and dtypes.",
-        '    """',
-        f"    outputs = {call}",
-        f"    return {', '.join(results)}",
-    ]
-
-    header = main.docstring or f"Reference for {task.id}."
-    future = sorted({name for module in everything for name in module.future})
-    parts = ['"""' + header.replace('"""', r"\"\"\"").rstrip() + '\n"""']
-    if future:
-        parts.append(f"from __future__ import {', '.join(future)}")
-    for module in ordered:
-        parts.append(f"# ---- inlined from {module.name} ({module.path.name}) ----\n{module.body}")
-    parts.append(f"# ---- {main.name} ({main.path.name}) ----\n{main.body}")
-    parts.append("# ---- generated by ptxgym.interop.flashinfer_trace ----\n" + "\n".join(run))
-    return "\n\n\n".join(parts) + "\n"
 
 
 # --------------------------------------------------------------------------------------------
@@ -1127,21 +594,10 @@ def write_trace_set(root: Path, tasks: Iterable[_tasks.Task]) -> list[Path]:
         workloads_path = root / "workloads" / definition.op_type / f"{definition.name}.jsonl"
         records = workloads_from_task(task, root)
         definition_path.parent.mkdir(parents=True, exist_ok=True)
-        definition_path.write_text(_to_json(definition, indent=2) + "\n", encoding="utf-8")
+        definition_path.write_text(to_json(definition, indent=2) + "\n", encoding="utf-8")
         workloads_path.parent.mkdir(parents=True, exist_ok=True)
         workloads_path.write_text(
-            "".join(_to_json(record) + "\n" for record in records), encoding="utf-8"
+            "".join(to_json(record) + "\n" for record in records), encoding="utf-8"
         )
         written += [definition_path, workloads_path]
     return written
-
-
-def read_definition(path: Path) -> Definition:
-    """A Definition from a FlashInfer ``.json`` file."""
-    return Definition.model_validate_json(path.read_text(encoding="utf-8"))
-
-
-def read_jsonl(path: Path) -> list[Trace]:
-    """Traces (workload records or evaluated) from a FlashInfer ``.jsonl`` file."""
-    lines = path.read_text(encoding="utf-8").splitlines()
-    return [Trace.model_validate_json(line) for line in lines if line.strip()]

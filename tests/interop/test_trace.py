@@ -16,6 +16,7 @@ from pydantic import BaseModel, ValidationError
 from ptxgym import tasks
 from ptxgym.build.result import CompileResult
 from ptxgym.interop import flashinfer_trace as trace
+from ptxgym.interop.flashinfer_schema import to_json
 from ptxgym.interop.flashinfer_trace import (
     STATUS_MAP,
     BuildSpec,
@@ -723,7 +724,7 @@ def test_model_round_trips_through_json() -> None:
     models: list[BaseModel] = [workload, definition, solution, evaluation, record, ENVIRONMENT]
     for model in models:
         assert type(model).model_validate_json(model.model_dump_json()) == model
-        assert type(model).model_validate_json(trace._to_json(model)) == model
+        assert type(model).model_validate_json(to_json(model)) == model
         assert type(model).model_validate(to_dict(model)) == model
     # Type tags are written even though they were left at their defaults.
     assert to_dict(definition)["axes"] == {
