@@ -53,6 +53,39 @@ def test_the_table_shows_the_steady_rate_and_its_ratio_to_the_first_level() -> N
     assert throughput.steady_cell(None, one) == "–"
 
 
+def _level(trajectories: int, per_hour: float, speedup: float) -> dict[str, float]:
+    return {"trajectories": trajectories, "per_hour": per_hour, "median_speedup": speedup}
+
+
+def test_the_targets_are_said_met_or_not_against_one_trajectory_of_the_same_run() -> None:
+    results = {
+        "levels": [_level(1, 625.0, 0.9401), _level(16, 1950.0, 0.9386)],
+        "cached": {"p50_step_s": 1.86},
+    }
+    assert throughput.target_lines(results) == [
+        "1,950 evaluations/hour at 16 trajectories (≥ 2,000: NOT met)",
+        "3.12x one trajectory's rate (≥ 2.5x: met)",
+        "median speedup 0.9386 against 0.9401 at one trajectory, -0.16% (within ±2%: met)",
+        "cached step p50 1.86 s (≤ 2 s: met)",
+    ]
+    results = {
+        "levels": [_level(1, 1020.0, 0.9141), _level(16, 2242.0, 0.8900)],
+        "cached": {"p50_step_s": 2.4},
+    }
+    lines = throughput.target_lines(results)
+    assert lines[0].endswith("(≥ 2,000: met)")
+    assert lines[1] == "2.20x one trajectory's rate (≥ 2.5x: NOT met)"
+    assert lines[2].endswith("-2.64% (within ±2%: NOT met)")
+    assert lines[3] == "cached step p50 2.40 s (≤ 2 s: NOT met)"
+
+
+def test_a_run_of_one_level_is_held_to_the_rate_alone() -> None:
+    # Without a one-trajectory level in the run there is nothing to scale or compare against.
+    lines = throughput.target_lines({"levels": [_level(16, 2100.0, 0.91)]})
+    assert lines == ["2,100 evaluations/hour at 16 trajectories (≥ 2,000: met)"]
+    assert throughput.target_lines({"levels": []}) == []
+
+
 def test_a_second_run_with_the_same_labels_builds_afresh() -> None:
     # The build cache outlives a run: a second run of the benchmark (a fresh import) stepping
     # the same labels must still compile, or its level would time no compiling.
