@@ -2,7 +2,9 @@
 
 ``import ptxgym.gpu_evaluator`` (or ``from ptxgym.judge import JudgeSettings``) still works: the old
 name is a module that forwards every attribute to the new one and warns once, with a
-``DeprecationWarning`` naming the new home. The old names go in ptxgym 0.3.
+``DeprecationWarning`` naming the new home. Where a module was later split by job, a name the new
+module no longer holds is looked up in the modules it went to (``SPLIT``). The old names go in
+ptxgym 0.3.
 """
 
 from __future__ import annotations
@@ -55,6 +57,21 @@ MOVED: dict[str, str] = {
     "ptxgym.worker": "ptxgym.evaluate.worker",
 }
 
+# Modules split by job after they moved: where the names that left them went.
+SPLIT: dict[str, tuple[str, ...]] = {
+    "ptxgym.evaluate.judge": (
+        "ptxgym.evaluate.judge_settings",
+        "ptxgym.evaluate.workload_state",
+        "ptxgym.evaluate.conversation",
+        "ptxgym.evaluate.verdict",
+    ),
+    "ptxgym.bench.report": ("ptxgym.bench.runs", "ptxgym.bench.plots"),
+    "ptxgym.interop.flashinfer_trace": (
+        "ptxgym.interop.flashinfer_schema",
+        "ptxgym.interop.reference_source",
+    ),
+}
+
 
 class _MovedModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     """Finds the old names only; every other import goes to the next finder."""
@@ -77,7 +94,13 @@ class _MovedModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         new = importlib.import_module(new_name)
 
         def forward(name: str) -> Any:
-            return getattr(new, name)
+            if hasattr(new, name):
+                return getattr(new, name)
+            for part in SPLIT.get(new_name, ()):
+                split = importlib.import_module(part)
+                if hasattr(split, name):
+                    return getattr(split, name)
+            raise AttributeError(f"module {module.__name__!r} has no attribute {name!r}")
 
         module.__dict__["__getattr__"] = forward
         module.__doc__ = new.__doc__

@@ -173,6 +173,31 @@ def test_old_module_names_import_with_a_deprecation_warning(old: str) -> None:
     assert f"warned: {old} moved to {_moved.MOVED[old]}" in result.stdout
 
 
+# A name of each split that the module it left no longer holds, and where it went.
+SPLIT_NAMES = [
+    ("ptxgym.judge", "OutputChecks", "ptxgym.evaluate.conversation"),
+    ("ptxgym.report", "report_figure", "ptxgym.bench.plots"),
+    ("ptxgym.trace", "DType", "ptxgym.interop.flashinfer_schema"),
+]
+
+
+def test_every_split_has_an_example() -> None:
+    assert {_moved.MOVED[old] for old, _, _ in SPLIT_NAMES} == set(_moved.SPLIT)
+
+
+@pytest.mark.parametrize(("old", "name", "home"), SPLIT_NAMES)
+def test_an_old_name_still_gives_what_left_its_module_in_a_split(
+    old: str, name: str, home: str
+) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        old_module = importlib.import_module(old)
+    assert not hasattr(importlib.import_module(_moved.MOVED[old]), name)
+    assert getattr(old_module, name) is getattr(importlib.import_module(home), name)
+    with pytest.raises(AttributeError, match=f"module '{old}' has no attribute 'no_such_name'"):
+        _ = old_module.no_such_name
+
+
 def test_new_names_import_without_warnings() -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error", DeprecationWarning)

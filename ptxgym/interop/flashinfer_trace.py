@@ -85,6 +85,7 @@ __all__ = [
     "reference_source",
     "solution_from_source",
     "to_dict",
+    "to_json",
     "trace_from_outcome",
     "workloads_from_task",
     "write_trace_set",

@@ -156,7 +156,6 @@ def test_workload_states_are_kept_within_the_memory_budget(
 
     from ptxgym.evaluate.judge import Judge
     from ptxgym.evaluate.judge_settings import JudgeSettings
-    from ptxgym.evaluate.workload_state import WorkloadState
 
     monkeypatch.setenv("PTXGYM_CACHE", str(tmp_path))
     judge = Judge.__new__(Judge)  # no GPU: states are built by the stand-in below
