@@ -625,13 +625,14 @@ def gpu_efficiency(
 
 
 def startup_policy(settings: dict[str, Any]) -> str:
-    """How the run's CUDA start-ups met its timings, in words."""
-    if not settings["lock_startups"]:
+    """How the run's CUDA start-ups met its timings (``settings``: the run's JudgeSettings'
+    fields), in words."""
+    judge = JudgeSettings(**settings)
+    if not judge.lock_startups:
         return "without the lock"
-    beside = settings["startups_beside_iters"]
-    if beside is not None and settings["iters"] >= beside:
-        return f"beside timings of {beside}+ calls per trial"
-    linger = settings["startup_linger_s"]
+    if judge.startups_beside_timings:
+        return f"beside timings of {judge.startups_beside_iters}+ calls per trial"
+    linger = judge.startup_linger_s
     return f"locked, batched by lingers of {linger:g} s" if linger > 0 else "locked"
 
 

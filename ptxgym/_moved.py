@@ -94,12 +94,10 @@ class _MovedModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         new = importlib.import_module(new_name)
 
         def forward(name: str) -> Any:
-            if hasattr(new, name):
-                return getattr(new, name)
-            for part in SPLIT.get(new_name, ()):
-                split = importlib.import_module(part)
-                if hasattr(split, name):
-                    return getattr(split, name)
+            for home in (new_name, *SPLIT.get(new_name, ())):
+                owner = importlib.import_module(home)
+                if hasattr(owner, name):
+                    return getattr(owner, name)
             raise AttributeError(f"module {module.__name__!r} has no attribute {name!r}")
 
         module.__dict__["__getattr__"] = forward
