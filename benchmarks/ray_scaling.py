@@ -74,7 +74,8 @@ from ptxgym.evaluate.evaluator import Evaluator
 from ptxgym.evaluate.judge_settings import JudgeSettings
 from ptxgym.evaluate.local_gpu import LocalGPUEvaluator, gpu_of, incompatibility
 from ptxgym.evaluate.ray_actors import task_generation
-from ptxgym.evaluate.ray_pool import PoolStats, RayEvaluator, import_ray
+from ptxgym.evaluate.ray_connection import import_ray
+from ptxgym.evaluate.ray_pool import PoolStats, RayEvaluator
 from ptxgym.tasks import Task, get_task
 
 # A level's evaluations when --steps is not given (steps = this over its trajectories).

@@ -3,11 +3,12 @@
 ``evaluator`` holds the :class:`Evaluator` protocol and ``make_evaluator``; ``build_step`` the
 policy-and-build stage every evaluator starts with; ``compile_only`` and ``local_gpu`` are the
 evaluators of one machine, and ``ray_pool`` spreads both over a Ray cluster (its actors in
-``ray_actors``). Behind ``local_gpu``: the ``judge`` (set by ``judge_settings``, in its own
-process, ``judge_server``, answering in ``verdict_json``) keeps each workload's
-``workload_state``, runs the candidate in a confined ``worker`` and takes its messages in a
-``conversation`` under the exact ``worker_protocol``, with ``correctness``, ``timing`` and
-``baselines``, comes to a ``verdict``, and starts the tool runs
+``ray_actors``, its connection to the cluster in ``ray_connection``, pools started and found by
+name in ``ray_served``). Behind ``local_gpu``: the ``judge`` (set by ``judge_settings``, in its own
+process, ``judge_server``, taking requests and answering as ``judge_messages`` says, verdicts in
+``verdict_json``) keeps each workload's ``workload_state``, runs the candidate in a confined
+``worker`` and takes its messages in a ``conversation`` under the exact ``worker_protocol``, with
+``correctness``, ``timing`` and ``baselines``, comes to a ``verdict``, and starts the tool runs
 (``tool_runs``: ``sanitizer``, and ``count`` or ``profile``, each a ``single_call`` of the
 candidate; ``count_audit`` checks a share of the counts against a profile). A Triton candidate's
 kernels are compiled first, by a confined ``compile_run``.

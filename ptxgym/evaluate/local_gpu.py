@@ -24,17 +24,15 @@ from typing import Any
 from ptxgym.build.result import DEFAULT_COMPILE_TIMEOUT_S, CompileResult
 from ptxgym.device.gpus import GPUInfo, physical_device, visible_gpus
 from ptxgym.evaluate.build_step import build_candidate
-from ptxgym.evaluate.judge_server import (
-    DEFAULT_JUDGE,
+from ptxgym.evaluate.judge_messages import (
     MAX_ANSWER_BYTES,
     MessageError,
     Request,
-    connect,
     read_answer,
     receive_message,
     send_message,
-    start_private_judge,
 )
+from ptxgym.evaluate.judge_server import DEFAULT_JUDGE, connect, start_private_judge
 from ptxgym.evaluate.judge_settings import JudgeSettings
 from ptxgym.evaluate.roofline import FAULT_RATIO, peaks_for, speed_of_light
 from ptxgym.evaluate.verdict import Verdict
@@ -82,9 +80,9 @@ class _JudgeHandle:
     """The evaluator's end of one judge: requests out, answers routed to their askers.
 
     Any number of threads may have requests in flight; a reader thread hands each answer to the
-    future of the request it belongs to. Messages are JSON (``ptxgym.evaluate.judge_server``): an
-    answer that is not of the protocol fails its request with an EvaluatorError, or, when it names
-    no request, ends the connection. If the judge dies, every pending request fails with an
+    future of the request it belongs to. Messages are JSON (``ptxgym.evaluate.judge_messages``):
+    an answer that is not of the protocol fails its request with an EvaluatorError, or, when it
+    names no request, ends the connection. If the judge dies, every pending request fails with an
     EvaluatorError and the next ``judge_for`` connects again (starting a new judge). ``local``
     starts a judge private to this process; ``shared`` connects to the user's judge server for the
     GPU (``ptxgym.evaluate.judge_server``).

@@ -21,6 +21,11 @@ Ray is optional (``pip install 'ptxgym[ray]'``) and imported only when an evalua
 pool served. The pool is started by the evaluator (and ended by ``close``), or served by
 ``ptxgym serve`` as a named, detached pool that any number of clients reach by name
 (``RayEvaluator(address=..., pool=NAME)``, or the evaluator spec ``ray://HOST:PORT/NAME``).
+
+Connecting to the cluster lives in ``ptxgym.evaluate.ray_connection`` (``import_ray``,
+``connected``), and shaping, starting, finding and ending pools in ``ptxgym.evaluate.ray_served``
+(``parse_spec``, ``plan_pool``, ``serve_pool``, ``pool_members``, ``stop_pool``); their public
+names are imported here too, so this module stays the one to import.
 """
 
 from __future__ import annotations
@@ -28,166 +33,66 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable, Coroutine, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, replace
-from types import ModuleType
 from typing import Any, TypeVar
 
 from ptxgym.build.result import DEFAULT_COMPILE_TIMEOUT_S
 from ptxgym.evaluate.judge_settings import JudgeSettings
 from ptxgym.evaluate.local_gpu import EvaluatorError
-from ptxgym.evaluate.ray_actors import (
-    Built,
-    JudgeKind,
-    Member,
-    Pool,
-    PoolError,
-    PoolSpec,
-    task_generation,
+from ptxgym.evaluate.ray_actors import Built, JudgeKind, Member, task_generation
+from ptxgym.evaluate.ray_connection import (
+    actor_exception,
+    connect,
+    connected,
+    disconnect,
+    import_ray,
+)
+from ptxgym.evaluate.ray_served import (
+    DEFAULT_ARCHES,
+    DEFAULT_POOL,
+    NAMESPACE,
+    START_TIMEOUT_S,
+    parse_spec,
+    plan_pool,
+    pool_members,
+    serve_pool,
+    served_pool,
+    start_pool,
+    stop_pool,
 )
 from ptxgym.outcome import Outcome
 from ptxgym.tasks import Task
 
-log = logging.getLogger(__name__)
+# This module's own names, and those of connecting and serving that its users have always
+# imported from here (``ptxgym serve``, docs/ray.md, benchmarks/ray_scaling.py).
+__all__ = [
+    "DEFAULT_ARCHES",
+    "DEFAULT_POOL",
+    "NAMESPACE",
+    "MemberLoad",
+    "NoJudgeError",
+    "PoolStats",
+    "RayEvaluator",
+    "connected",
+    "import_ray",
+    "parse_spec",
+    "plan_pool",
+    "pool_members",
+    "serve_pool",
+    "stop_pool",
+]
 
-NAMESPACE = "ptxgym"
-"""The Ray namespace of served pools."""
-DEFAULT_POOL = "ptxgym"
-"""The name ``ptxgym serve`` gives a pool unless told otherwise."""
-DEFAULT_ARCHES = ("sm_90", "sm_100")
-"""What compile-only judges serve unless told otherwise: one judge per task target."""
-_START_TIMEOUT_S = 600.0  # a GPU judge's first start on a host takes minutes (torch, CUDA)
-_CLIENT_PREFIX = "ray://"
-# Calls the pool's directory answers at once (clients asking for members or replacements).
-_DIRECTORY_CONCURRENCY = 32
+log = logging.getLogger(__name__)
 
 _T = TypeVar("_T")
 
 
 class NoJudgeError(EvaluatorError):
     """No judge of the pool serves the GPU generation of the task."""
-
-
-def import_ray() -> ModuleType:
-    """Ray, or an ImportError that says how to install it."""
-    try:
-        import ray
-    except ImportError as exc:
-        raise ImportError("evaluating on a Ray pool needs Ray: pip install 'ptxgym[ray]'") from exc
-    return ray
-
-
-def parse_spec(spec: str) -> tuple[str, str]:
-    """``ray://HOST:PORT[/POOL]`` (a cluster through Ray Client) or ``ray://auto[/POOL]`` (the
-    cluster this machine is a node of) -> (Ray address, pool name)."""
-    if not spec.startswith(_CLIENT_PREFIX):
-        raise ValueError(f"{spec!r} is not a Ray evaluator: ray://HOST:PORT[/POOL] or ray://auto")
-    where, _, pool = spec[len(_CLIENT_PREFIX) :].partition("/")
-    if not where:
-        raise ValueError(f"{spec!r} names no cluster: ray://HOST:PORT[/POOL] or ray://auto")
-    address = "auto" if where == "auto" else _CLIENT_PREFIX + where
-    return address, pool.strip("/") or DEFAULT_POOL
-
-
-# This process's Ray connection, shared by its evaluators and pool commands: made by the first
-# that needs one (unless the program made it), ended when the last of those is done with it.
-_connection_lock = threading.Lock()
-_connection_users = 0
-_connected_here = False
-
-
-def _connect(address: str | None) -> ModuleType:
-    """Ray, connected: to ``address`` (``auto``, ``ray://HOST:PORT``), or to a new local cluster
-    when it is None. A connection the program already made is used as it is."""
-    global _connection_users, _connected_here
-    ray = import_ray()
-    with _connection_lock:
-        if not ray.is_initialized():
-            if address is None:
-                # Every core for builds; GPUs as Ray finds them. No dashboard: nothing reads it.
-                ray.init(num_cpus=os.cpu_count() or 1, include_dashboard=False)
-            else:
-                ray.init(address=address)
-            _connected_here = True
-        _connection_users += 1
-    return ray
-
-
-def _disconnect() -> None:
-    global _connection_users, _connected_here
-    ray = import_ray()
-    with _connection_lock:
-        _connection_users -= 1
-        if _connection_users == 0 and _connected_here:
-            ray.shutdown()
-            _connected_here = False
-
-
-def _cause(exc: BaseException) -> BaseException:
-    """The exception raised inside an actor, for one that Ray hands on wrapped."""
-    cause = getattr(exc, "cause", None)
-    return cause if isinstance(cause, BaseException) else exc
-
-
-def _remote_call(ray: ModuleType, ref: Any, timeout_s: float | None = None) -> Any:
-    """``ray.get`` of one call to a pool's directory, its PoolError (or death) as an
-    EvaluatorError."""
-    try:
-        return ray.get(ref, timeout=timeout_s)
-    except ray.exceptions.RayError as exc:
-        raise EvaluatorError(f"the pool failed: {_cause(exc)}") from None
-
-
-def plan_pool(
-    *,
-    judge: JudgeKind | None = None,
-    arches: Sequence[str] | None = None,
-    gpus: int | None = None,
-    builders: int | None = None,
-    builds_per_builder: int | None = None,
-    max_in_flight: int | None = None,
-    compile_timeout_s: float = DEFAULT_COMPILE_TIMEOUT_S,
-    settings: JudgeSettings | None = None,
-) -> PoolSpec:
-    """A pool's spec, its defaults taken from the connected cluster: GPU judges on every GPU
-    (compile-only judges for ``DEFAULT_ARCHES``), one builder per node, builds shared among
-    the CPUs the judges leave. Refuses a pool the cluster has not the resources for."""
-    ray = import_ray()
-    resources = ray.cluster_resources()
-    kind: JudgeKind = judge or "gpu"
-    if kind == "gpu":
-        gpus = int(resources.get("GPU", 0)) if gpus is None else gpus
-        if gpus < 1:
-            raise PoolError(
-                "the cluster has no GPU for a GPU judge; judge='compile-only' (ptxgym serve "
-                "--judge compile-only) builds and inspects without one"
-            )
-    nodes = sum(1 for node in ray.nodes() if node.get("Alive"))
-    builders = builders or max(1, nodes)
-    judge_cpus = gpus if kind == "gpu" and gpus else 0
-    spare = int(resources.get("CPU", 1)) - judge_cpus
-    spec = PoolSpec(
-        judge=kind,
-        gpus=gpus if kind == "gpu" and gpus else 0,
-        arches=tuple(arches or DEFAULT_ARCHES) if kind == "compile-only" else tuple(arches or ()),
-        builders=builders,
-        builds_per_builder=builds_per_builder or max(1, min(4, spare // builders)),
-        max_in_flight=max_in_flight or (settings or JudgeSettings()).concurrency,
-        compile_timeout_s=compile_timeout_s,
-        settings=settings,
-    )
-    for name, needed in spec.needs().items():
-        have = float(resources.get(name, 0))
-        if needed > have:
-            raise PoolError(
-                f"the pool asks for {needed:g} {name} and the cluster has {have:g}: give fewer "
-                "builders, builds_per_builder or gpus"
-            )
-    return spec
 
 
 @dataclass(frozen=True)
@@ -305,7 +210,7 @@ class RayEvaluator:
         compile_timeout_s: float = DEFAULT_COMPILE_TIMEOUT_S,
         settings: JudgeSettings | None = None,
         queue_timeout_s: float | None = None,
-        start_timeout_s: float = _START_TIMEOUT_S,
+        start_timeout_s: float = START_TIMEOUT_S,
     ) -> None:
         shaped = (judge, arches, gpus, builders, builds_per_builder, max_in_flight, settings)
         if pool is not None and any(value is not None for value in shaped):
@@ -316,12 +221,11 @@ class RayEvaluator:
         self.queue_timeout_s = queue_timeout_s
         self.start_timeout_s = start_timeout_s
         self.pool_name = pool
-        self._ray = ray = _connect(address)
+        self._ray = ray = connect(address)
         self._directory: Any = None
         try:
             if pool is not None:
-                self._directory = _served_pool(ray, pool)
-                members: list[Member] = _remote_call(ray, self._directory.members.remote())
+                self._directory, members = served_pool(pool)
             else:
                 spec = plan_pool(
                     judge=judge,
@@ -333,11 +237,7 @@ class RayEvaluator:
                     compile_timeout_s=compile_timeout_s,
                     settings=settings,
                 )
-                actor = ray.remote(Pool).options(
-                    num_cpus=0, max_concurrency=_DIRECTORY_CONCURRENCY, max_restarts=0
-                )
-                self._directory = actor.remote(spec)
-                members = _remote_call(ray, self._directory.start.remote(start_timeout_s))
+                self._directory, members = start_pool(spec, start_timeout_s)
             self._judges = [_Slot(m) for m in members if m.role == "judge"]
             self._builders = [_Slot(m) for m in members if m.role == "builder"]
             if not self._judges or not self._builders:
@@ -345,7 +245,7 @@ class RayEvaluator:
         except BaseException:
             if pool is None and self._directory is not None:
                 ray.kill(self._directory)
-            _disconnect()
+            disconnect()
             raise
         self._lock = threading.Lock()  # requests and counters, from any thread
         self._pending: dict[int, _Request] = {}
@@ -432,7 +332,7 @@ class RayEvaluator:
             except self._ray.exceptions.RayError as exc:  # its members end with it anyway
                 log.warning("the pool did not shut down cleanly: %s", exc)
             self._ray.kill(self._directory)
-        _disconnect()
+        disconnect()
 
     # Dispatch, on the evaluator's event loop.
 
@@ -500,7 +400,7 @@ class RayEvaluator:
                     self._counts["retried"] += 1
                 log.warning("%s died under a request; sending it again", member.describe())
             except ray.exceptions.RayError as exc:
-                cause = _cause(exc)
+                cause = actor_exception(exc)
                 raise EvaluatorError(
                     f"{member.describe()} failed: {type(cause).__name__}: {cause}"
                 ) from None
@@ -556,7 +456,7 @@ class RayEvaluator:
             member = await asyncio.wrap_future(ref.future())
         except self._ray.exceptions.RayError as exc:
             slot.gone = True
-            log.error("%s could not be replaced: %s", dead.describe(), _cause(exc))
+            log.error("%s could not be replaced: %s", dead.describe(), actor_exception(exc))
         else:
             slot.member, slot.down = member, False
             with self._lock:
@@ -617,83 +517,3 @@ class RayEvaluator:
 def _with_wait(outcome: Outcome, waited: float) -> Outcome:
     """``outcome`` with the seconds its request waited for free actors (``pool_wait``)."""
     return replace(outcome, stage_seconds={**outcome.stage_seconds, "pool_wait": waited})
-
-
-def _served_pool(ray: ModuleType, name: str) -> Any:
-    """The directory of the pool served under ``name``."""
-    try:
-        return ray.get_actor(name, namespace=NAMESPACE)
-    except ValueError:
-        raise EvaluatorError(
-            f"no pool named {name!r} runs on this Ray cluster: start one there with "
-            f"`ptxgym serve --name {name}`"
-        ) from None
-
-
-def serve_pool(
-    name: str, spec: PoolSpec, start_timeout_s: float = _START_TIMEOUT_S
-) -> list[Member]:
-    """Start a named, detached pool on the connected cluster; it runs until ``stop_pool``
-    (or the cluster's end), whoever connects and leaves."""
-    ray = import_ray()
-    try:
-        ray.get_actor(name, namespace=NAMESPACE)
-    except ValueError:
-        pass
-    else:
-        raise EvaluatorError(
-            f"a pool named {name!r} already runs: `ptxgym serve --stop --name {name}` ends it"
-        )
-    directory = (
-        ray.remote(Pool)
-        .options(
-            name=name,
-            namespace=NAMESPACE,
-            lifetime="detached",
-            num_cpus=0,
-            max_concurrency=_DIRECTORY_CONCURRENCY,
-            max_restarts=0,
-        )
-        .remote(spec)
-    )
-    try:
-        members: list[Member] = _remote_call(ray, directory.start.remote(start_timeout_s))
-    except BaseException:
-        ray.kill(directory)
-        raise
-    return members
-
-
-def pool_members(name: str) -> list[Member]:
-    """The members of the pool served under ``name`` on the connected cluster."""
-    ray = import_ray()
-    members: list[Member] = _remote_call(ray, _served_pool(ray, name).members.remote())
-    return members
-
-
-def stop_pool(name: str) -> int:
-    """End the pool served under ``name`` on the connected cluster; how many actors it had."""
-    ray = import_ray()
-    directory = _served_pool(ray, name)
-    members = len(_remote_call(ray, directory.members.remote()))
-    _remote_call(ray, directory.shutdown.remote(), timeout_s=60)
-    ray.kill(directory)
-    return members
-
-
-def connected(address: str | None) -> _Connected:
-    """``with connected(address): ...``: Ray connected for pool commands (``serve_pool``,
-    ``pool_members``, ``stop_pool``), and disconnected after when the connection was made
-    here."""
-    return _Connected(address)
-
-
-class _Connected:
-    def __init__(self, address: str | None) -> None:
-        self.address = address
-
-    def __enter__(self) -> ModuleType:
-        return _connect(self.address)
-
-    def __exit__(self, *exc: object) -> None:
-        _disconnect()

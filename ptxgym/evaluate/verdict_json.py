@@ -1,9 +1,10 @@
 """Verdicts as JSON, written and read field by field, so that they cross processes as data.
 
-The judge's verdicts reach its clients over a pipe or a socket (``ptxgym.evaluate.judge_server``).
-Pickle would let whoever writes on that connection run code in the reader, so a ``Verdict`` and
-every record in it (``CheckReport``, ``OutputCheck``, ``Mismatch``, ``WorkloadTiming``,
-``SanitizerReport``, ``InstructionProfile``, ``KernelFacts``) travel as plain JSON values instead.
+The judge's verdicts reach its clients over a pipe or a socket, in the messages of
+``ptxgym.evaluate.judge_messages``. Pickle would let whoever writes on that connection run code in
+the reader, so a ``Verdict`` and every record in it (``CheckReport``, ``OutputCheck``,
+``Mismatch``, ``WorkloadTiming``, ``SanitizerReport``, ``InstructionProfile``, ``KernelFacts``)
+travel as plain JSON values instead.
 
 ``verdict_to_json`` writes every field of each record, explicitly; ``verdict_from_json`` reads
 them back, checking that each object has exactly its record's fields and that each value has the

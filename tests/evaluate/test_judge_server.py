@@ -149,7 +149,7 @@ def test_a_server_that_cannot_start_is_an_evaluator_error(
 
 
 def test_each_task_folder_has_its_own_server(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A judge evaluates only its own tasks (``judge_server.Request``): processes that load
+    """A judge evaluates only its own tasks (``judge_messages.Request``): processes that load
     their tasks from another folder (``PTXGYM_DATA``) get a server of their own."""
     here = judge_server.server_files(0, SETTINGS)
     monkeypatch.setattr(paths, "envs_dir", lambda: Path("/elsewhere/envs"))

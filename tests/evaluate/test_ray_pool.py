@@ -1,6 +1,7 @@
 """The Ray pool evaluator on a real local Ray cluster, with compile-only judges (CPU only): many
 envs at once through one pool, a judge killed mid-run, dispatch by GPU generation, candidate
-failures as outcomes, the evaluator's own failures as exceptions, and the CLI's served pool.
+failures as outcomes, the evaluator's own failures as exceptions, and the CLI's served pool
+(``ptxgym.evaluate.ray_served``, over the connection of ``ptxgym.evaluate.ray_connection``).
 
 Builds are real nvcc builds; the sources differ by a comment only where a fresh build is
 wanted, so that the on-disk cache answers the rest quickly.
@@ -22,10 +23,12 @@ import pytest
 
 from ptxgym import paths
 from ptxgym.cli import main
+from ptxgym.evaluate import ray_connection, ray_pool, ray_served
 from ptxgym.evaluate.evaluator import make_evaluator
 from ptxgym.evaluate.local_gpu import EvaluatorError
 from ptxgym.evaluate.ray_actors import PoolSpec, generation
-from ptxgym.evaluate.ray_pool import NoJudgeError, RayEvaluator, parse_spec
+from ptxgym.evaluate.ray_pool import NoJudgeError, RayEvaluator
+from ptxgym.evaluate.ray_served import parse_spec
 from ptxgym.outcome import Outcome, Status
 from ptxgym.tasks import get_task
 
@@ -221,6 +224,26 @@ def test_evaluator_specs_parse_and_bad_ones_are_refused() -> None:
         PoolSpec(judge="compile-only", arches=("hopper",))
     with pytest.raises(ValueError, match="give pool, or the shape"):
         RayEvaluator(pool="ptxgym", judge="compile-only")
+
+
+def test_ray_pool_still_gives_the_names_of_connecting_and_serving() -> None:
+    # They moved to modules of their own; ``ptxgym serve``, the docs and users import them
+    # from ray_pool as before, and must get the very same objects.
+    moved = {
+        "import_ray": ray_connection,
+        "connected": ray_connection,
+        "NAMESPACE": ray_served,
+        "DEFAULT_POOL": ray_served,
+        "DEFAULT_ARCHES": ray_served,
+        "parse_spec": ray_served,
+        "plan_pool": ray_served,
+        "serve_pool": ray_served,
+        "pool_members": ray_served,
+        "stop_pool": ray_served,
+    }
+    for name, home in moved.items():
+        assert name in ray_pool.__all__ and getattr(ray_pool, name) is getattr(home, name), name
+    assert all(hasattr(ray_pool, name) for name in ray_pool.__all__)
 
 
 def test_ray_is_imported_only_for_a_ray_evaluator_and_its_absence_is_explained() -> None:

@@ -4,8 +4,8 @@ The judge is trusted and unconfined (it holds the GPU, the references and the ba
 that got the shared server's key (say, a candidate that read ptxgym's cache folder), or that writes
 on a private judge's pipe, must not run code in it, nor keep it from serving the next client; and a
 judge's answers must not run code in its clients either. Every attack here sends what it sends after
-a correct key, so only the message protocol (``ptxgym.evaluate.judge_server``) stands in the way. A
-pickle's proof is a canary: unpickling ``_Canary`` creates a file.
+a correct key, so only the message protocol (``ptxgym.evaluate.judge_messages``) stands in the way.
+A pickle's proof is a canary: unpickling ``_Canary`` creates a file.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from ptxgym.evaluate import judge_server
+from ptxgym.evaluate import judge_messages, judge_server
 from ptxgym.evaluate import local_gpu as gpu_evaluator
 from ptxgym.evaluate.judge_settings import JudgeSettings
 from ptxgym.evaluate.local_gpu import EvaluatorError, _JudgeHandle
@@ -243,7 +243,7 @@ def test_a_huge_message_is_not_read_and_the_server_goes_on(
     conn = _key_holder(server)
     # The judge answers once it has read the frame's length, and closes on the rest.
     with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-        conn.send_bytes(b" " * (judge_server.MAX_REQUEST_BYTES + 1))
+        conn.send_bytes(b" " * (judge_messages.MAX_REQUEST_BYTES + 1))
     answer = _answer(conn)
     assert answer is not None and answer[:2] == [None, "failed"] and "over" in answer[2]
     assert _next_frame(conn) is None

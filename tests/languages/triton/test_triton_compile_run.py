@@ -1,5 +1,6 @@
 """The compile run's judge side, without a GPU (``ptxgym.evaluate.compile_run``): how a failed
-run becomes a verdict, what of an error is shown, and how the language reaches the judge."""
+run becomes a verdict, and what of an error is shown. How the language reaches the judge is
+``tests/evaluate/test_judge_messages.py``'s."""
 
 from __future__ import annotations
 
@@ -22,7 +23,6 @@ from ptxgym.evaluate.compile_run import (
     prepare,
 )
 from ptxgym.evaluate.count import CountsRefused, _loaded_modules
-from ptxgym.evaluate.judge_server import MessageError, Request
 from ptxgym.languages.triton.runtime import elf_interpreter
 from ptxgym.outcome import Status
 from ptxgym.sandbox import landlock
@@ -76,17 +76,6 @@ def test_an_error_is_shown_without_host_paths(tmp_path: Path) -> None:
     shown = _message(error, tmp_path)
     assert "Repro command" not in shown and str(tmp_path) not in shown
     assert shown.startswith("RuntimeError: ptxas failed") and "candidate.py:3" in shown
-
-
-def test_the_language_travels_to_the_judge() -> None:
-    triton = Request(7, None, GEMM, "/p/candidate.py", "triton")
-    assert Request.from_message(json.loads(json.dumps(triton.message()))) == triton
-    cuda = Request(8, None, GEMM, "/p/candidate.so")
-    assert len(cuda.message()) == 5  # as before: a judge of an earlier version still serves it
-    assert Request.from_message(cuda.message()).language == "cuda"
-    for bad in ("rust", ["triton"]):
-        with pytest.raises(MessageError, match="unknown language"):
-            Request.from_message([*cuda.message(), bad])
 
 
 def test_the_loaded_kernels_list_is_checked() -> None:
