@@ -41,8 +41,8 @@ from chat_server import ChatRequest, ChatServer, Step  # noqa: E402
 from ptxgym import paths  # noqa: E402
 from ptxgym.agents.openai_chat import ChatSettings, OpenAIAgent  # noqa: E402
 from ptxgym.bench import report  # noqa: E402
-from ptxgym.bench.records import read_records  # noqa: E402
 from ptxgym.bench.runner import RunPlan, run  # noqa: E402
+from ptxgym.records.turns import read_records  # noqa: E402
 
 TASKS = ("PTX-H100-GEMM", "PTX-H100-MHAFwd-d128", "PTX-H100-GQADecode")
 VARIANTS = (0, 1, 2)

@@ -1,4 +1,5 @@
-"""The module names ptxgym had before its stages became subpackages, kept importable.
+"""The module names ptxgym had before its stages became subpackages, or before a module moved to
+another stage, kept importable.
 
 ``import ptxgym.gpu_evaluator`` (or ``from ptxgym.judge import JudgeSettings``) still works: the old
 name is a module that forwards every attribute to the new one and warns once, with a
@@ -37,13 +38,12 @@ MOVED: dict[str, str] = {
     "ptxgym.judge": "ptxgym.evaluate.judge",
     "ptxgym.judge_server": "ptxgym.evaluate.judge_server",
     "ptxgym.landlock": "ptxgym.sandbox.landlock",
-    "ptxgym.metrics": "ptxgym.bench.metrics",
+    "ptxgym.metrics": "ptxgym.records.metrics",
     "ptxgym.packs": "ptxgym.tasks.packs",
     "ptxgym.policy": "ptxgym.languages.cuda.policy",
     "ptxgym.processes": "ptxgym.sandbox.processes",
     "ptxgym.profile": "ptxgym.evaluate.profile",
     "ptxgym.protocol": "ptxgym.evaluate.worker_protocol",
-    "ptxgym.records": "ptxgym.bench.records",
     "ptxgym.report": "ptxgym.bench.report",
     "ptxgym.runner": "ptxgym.bench.runner",
     "ptxgym.sanitizer": "ptxgym.evaluate.sanitizer",
@@ -55,6 +55,12 @@ MOVED: dict[str, str] = {
     "ptxgym.trace": "ptxgym.interop.flashinfer_trace",
     "ptxgym.verdict_json": "ptxgym.evaluate.verdict_json",
     "ptxgym.worker": "ptxgym.evaluate.worker",
+    # The records of turns and what is computed from them left bench for a stage of their own,
+    # below the wrappers that write them (ptxgym.records).
+    "ptxgym.bench.records": "ptxgym.records.turns",
+    "ptxgym.bench.metrics": "ptxgym.records.metrics",
+    "ptxgym.bench.quality": "ptxgym.records.quality",
+    "ptxgym.bench.transitions": "ptxgym.records.transitions",
 }
 
 # Modules split by job after they moved: where the names that left them went.

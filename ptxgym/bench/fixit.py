@@ -28,11 +28,11 @@ from pathlib import Path
 from typing import Any
 
 from ptxgym.agents.base import Agent, Reply
-from ptxgym.bench.records import TurnRecord, append_line, read_lines, read_records
 from ptxgym.evaluate.evaluator import Evaluator, make_evaluator
 from ptxgym.languages import DEFAULT_LANGUAGE, get_language
 from ptxgym.outcome import Outcome, Status
 from ptxgym.prompt import build_prompt
+from ptxgym.records.turns import TurnRecord, append_line, read_lines, read_records
 from ptxgym.tasks import get_task
 
 CATEGORIES = {

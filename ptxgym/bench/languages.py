@@ -13,9 +13,9 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from ptxgym.bench.metrics import Trajectory, best_speedup, turn_correctness
-from ptxgym.bench.records import TurnRecord, best_mfu
 from ptxgym.languages import DEFAULT_LANGUAGE
+from ptxgym.records.metrics import Trajectory, best_speedup, turn_correctness
+from ptxgym.records.turns import TurnRecord, best_mfu
 
 # (agent, knowledge, task) → language → (run, prompt variant, trajectory index) → turn → record
 _Recorded = dict[tuple[str, str, str], dict[str, dict[tuple[str, int, int], dict[int, TurnRecord]]]]

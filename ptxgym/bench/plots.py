@@ -7,8 +7,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ptxgym.bench.metrics import best_speedup, fast_p_curve
 from ptxgym.bench.runs import NOTHING_RAN, RecordedRun, Spread, by_model
+from ptxgym.records.metrics import best_speedup, fast_p_curve
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes

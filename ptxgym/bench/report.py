@@ -30,13 +30,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from ptxgym.bench.languages import LanguageRow, language_rows
-from ptxgym.bench.metrics import (
-    TURN_LIMITS,
-    Summary,
-    summarize,
-)
 from ptxgym.bench.plots import plot_fast_p
-from ptxgym.bench.records import TurnRecord, best_mfu
 from ptxgym.bench.runs import (
     NOTHING_RAN,
     RecordedModel,
@@ -46,9 +40,15 @@ from ptxgym.bench.runs import (
     label_of,
     load,
 )
-from ptxgym.bench.transitions import EVENTS, trajectory_transitions
 from ptxgym.languages import DEFAULT_LANGUAGE
 from ptxgym.outcome import Status
+from ptxgym.records.metrics import (
+    TURN_LIMITS,
+    Summary,
+    summarize,
+)
+from ptxgym.records.transitions import EVENTS, trajectory_transitions
+from ptxgym.records.turns import TurnRecord, best_mfu
 from ptxgym.tasks import CATEGORIES, get_task
 
 Format = Literal["md", "csv", "json"]

@@ -25,11 +25,11 @@ from tqdm import tqdm
 
 from ptxgym.agents.base import Agent, AgentSession, Reply
 from ptxgym.agents.scripted import ScriptedAgent
-from ptxgym.bench.records import TurnRecord, read_records
 from ptxgym.env import PTXKernelEnv
 from ptxgym.evaluate.evaluator import EVALUATORS, Evaluator, make_evaluator
 from ptxgym.languages import DEFAULT_LANGUAGE, LANGUAGES
 from ptxgym.prompt import PROMPT_VARIANTS
+from ptxgym.records.turns import TurnRecord, read_records
 from ptxgym.tasks import get_task
 from ptxgym.tasks.packs import KNOWLEDGE_LEVELS
 from ptxgym.wrappers import ChatMessages, TrajectoryRecorder

@@ -9,9 +9,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ptxgym.bench.metrics import Trajectory
-from ptxgym.bench.records import TurnRecord, read_records
 from ptxgym.languages import DEFAULT_LANGUAGE
+from ptxgym.records.metrics import Trajectory
+from ptxgym.records.turns import TurnRecord, read_records
 
 # What a report and its plot say where no turn of the records ran on a GPU.
 NOTHING_RAN = "No turn ran on a GPU"

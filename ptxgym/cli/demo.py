@@ -14,9 +14,9 @@ import yaml
 
 from ptxgym import paths
 from ptxgym.bench import report
-from ptxgym.bench.records import TurnRecord, read_records
 from ptxgym.languages import DEFAULT_LANGUAGE
 from ptxgym.outcome import Status
+from ptxgym.records.turns import TurnRecord, read_records
 
 DEMO_CONCURRENCY = 4
 """Examples the demo has under way at once: enough to overlap builds and checks with timings."""

@@ -6,8 +6,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ptxgym.bench.records import read_records
 from ptxgym.cli.common import EVALUATOR_HELP, UnavailableError, evaluator, evaluator_spec
+from ptxgym.records.turns import read_records
 
 
 def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ptxgym.bench import report
-from ptxgym.bench.records import read_records
 from ptxgym.bench.report import CSV_TABLES, FORMATS
 from ptxgym.cli.common import (
     EVALUATOR_HELP,
@@ -21,6 +20,7 @@ from ptxgym.cli.common import (
     sorted_tasks,
 )
 from ptxgym.prompt import PROMPT_VARIANTS
+from ptxgym.records.turns import read_records
 from ptxgym.tasks.packs import KNOWLEDGE_LEVELS
 
 if TYPE_CHECKING:

@@ -24,10 +24,10 @@ from ptxgym.bench.fixit import (
     read_attempts,
     verified,
 )
-from ptxgym.bench.records import TurnRecord, read_records
 from ptxgym.cli import main
 from ptxgym.evaluate.compile_only import CompileOnlyEvaluator
 from ptxgym.outcome import Outcome, Status
+from ptxgym.records.turns import TurnRecord, read_records
 
 pytestmark = pytest.mark.nvcc
 

@@ -27,10 +27,10 @@ from ptxgym.agents.openai_chat import (
 )
 from ptxgym.bench import report
 from ptxgym.bench.fixit import fixit
-from ptxgym.bench.records import read_records
 from ptxgym.bench.runner import RunPlan, run
 from ptxgym.cli import main
 from ptxgym.evaluate.compile_only import CompileOnlyEvaluator
+from ptxgym.records.turns import read_records
 
 pytestmark = pytest.mark.nvcc
 

@@ -10,14 +10,14 @@ from dataclasses import fields, replace
 from pathlib import Path
 
 import pytest
-from test_report import B200, H100, RECORDS, turn, write
+from turn_records import B200, H100, RECORDS, turn, write
 
 from ptxgym.bench.languages import LanguageRow, language_rows
 from ptxgym.bench.plots import fast_p_model_figure
-from ptxgym.bench.records import TurnRecord
 from ptxgym.bench.report import report
 from ptxgym.bench.runs import NOTHING_RAN, load
 from ptxgym.cli import main
+from ptxgym.records.turns import TurnRecord
 
 
 def timed(record: TurnRecord, mfu: float) -> TurnRecord:

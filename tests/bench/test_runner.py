@@ -10,13 +10,13 @@ import pytest
 
 from ptxgym import paths
 from ptxgym.agents.base import Agent
-from ptxgym.bench.records import read_records
 from ptxgym.bench.runner import RunPlan, ScriptedAgent, run
 from ptxgym.cli import main
 from ptxgym.evaluate.compile_only import CompileOnlyEvaluator
 from ptxgym.evaluate.evaluator import Evaluator
 from ptxgym.languages.cuda.extract import extract_source
 from ptxgym.outcome import Outcome
+from ptxgym.records.turns import read_records
 from ptxgym.tasks import Task, get_task
 
 NAIVE_GEMM = paths.examples_dir() / "naive" / "gemm.cu"

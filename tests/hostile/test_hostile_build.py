@@ -27,11 +27,21 @@ from ptxgym.build import sandbox as build_sandbox
 from ptxgym.build.budget import BUDGET_ENV, build_slot
 from ptxgym.languages.cuda import compiler
 from ptxgym.languages.cuda.compiler import (
+    _BUILD_FILE,
     _FILE_SIZE_LIMIT_BYTES,
     _MEMORY_LIMIT_BYTES,
+    CANDIDATE_FILE,
     MAX_LIBRARY_BYTES,
     CompileResult,
     compile_source,
+    nvcc_path,
+)
+from ptxgym.languages.cuda.compiler_log import (
+    MAX_LOG_CHARS,
+    MAX_MESSAGE_CHARS,
+    BuildFiles,
+    compile_log,
+    link_log,
 )
 from ptxgym.sandbox.processes import stat_fields
 from ptxgym.tasks import get_task
@@ -219,6 +229,12 @@ def test_the_quoted_line_is_our_copy_not_the_compilers_expansion(tmp_path: Path)
 # The log rebuilt from raw output: what no compiler run here produces on demand
 
 
+def _compile_log(output: str, source: str) -> tuple[str, tuple[str, ...]]:
+    """The log of a compile step that printed ``output``, as the build names its files."""
+    files = BuildFiles(CANDIDATE_FILE, _BUILD_FILE, nvcc_path())
+    return compile_log(output, Path("/build"), GEMM, source, files)
+
+
 def test_a_quoted_line_holding_carriage_returns_stays_one_line(secret: Secret) -> None:
     # A quoted line of another file, cut at a carriage return or a form feed, would begin with
     # whatever that file holds: a "diagnostic located in the submission" of its own making.
@@ -229,7 +245,7 @@ def test_a_quoted_line_holding_carriage_returns_stays_one_line(secret: Secret) -
         f"{secret.token}\n"
         "      | \n"
     )
-    log, warnings = compiler._compile_log(output, Path("/build"), GEMM, HEADER + "int a;\n")
+    log, warnings = _compile_log(output, HEADER + "int a;\n")
     assert secret.token not in log + "".join(warnings)
     assert log.startswith('candidate.cu(4): error: macro "ONE" passed 2 arguments')
 
@@ -243,7 +259,7 @@ def test_the_line_after_a_cut_in_the_output_is_dropped(secret: Secret) -> None:
         f"candidate.cu(9): error: {secret.token}\n"
         "candidate.cu(3): warning: a later one\n"
     )
-    log, _ = compiler._compile_log(output, Path("/build"), GEMM, HEADER + "int a\n")
+    log, _ = _compile_log(output, HEADER + "int a\n")
     assert secret.token not in log
     assert "candidate.cu(3): warning: a later one" in log
 
@@ -253,10 +269,10 @@ def test_messages_and_the_log_are_capped() -> None:
     output = "".join(
         f"candidate.cu({n}): error: {n} no instance of {long_type}\n" for n in range(40)
     )
-    log, _ = compiler._compile_log(output, Path("/build"), GEMM, HEADER)
+    log, _ = _compile_log(output, HEADER)
     first = log.split("\n")[0]
-    assert len(first) <= compiler._MAX_MESSAGE_CHARS + 40
-    assert len(log) <= compiler._MAX_LOG_CHARS + 40
+    assert len(first) <= MAX_MESSAGE_CHARS + 40
+    assert len(log) <= MAX_LOG_CHARS + 40
     assert "more diagnostics not shown" in log
 
 
@@ -273,10 +289,10 @@ def test_the_link_log_names_symbols_and_nothing_the_object_holds(secret: Secret)
         "candidate.o:build.cudafe1.cpp:(.text+0x170): first defined here\n"
         "collect2: error: ld returned 1 exit status\n"
     )
-    log = compiler._link_log(output, Path("/build"))
+    log = link_log(output, Path("/build"))
     assert secret.token not in log
     assert "multiple definition of 'cudaEventElapsedTime'" in log
-    unknown = compiler._link_log(f"/usr/bin/ld: {secret.token}\n", Path("/build"))
+    unknown = link_log(f"/usr/bin/ld: {secret.token}\n", Path("/build"))
     assert secret.token not in unknown and unknown.startswith("link error")
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ptxgym import paths
-from ptxgym.bench.quality import measure
+from ptxgym.records.quality import measure
 
 SIMPLE_CUDA = """\
 // A comment line.

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ptxgym.bench.metrics import (
+from ptxgym.records.metrics import (
     Turn,
     best_speedup,
     fast_p,

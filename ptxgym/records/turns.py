@@ -17,9 +17,9 @@ from typing import Any
 
 import gymnasium as gym
 
-from ptxgym.bench import transitions
-from ptxgym.bench.metrics import Turn
 from ptxgym.outcome import Status
+from ptxgym.records import transitions
+from ptxgym.records.metrics import Turn
 
 # Version 2 added the task's category and kind, the code-quality metrics and the transition
 # from the turn before; version 3 the action language. An older record reads with the defaults
@@ -62,10 +62,10 @@ class TurnRecord:
     # a performance task, which has no Fast_p^Inst).
     category: str = ""
     instructions_required: bool = True
-    # The source's code-quality metrics (ptxgym.bench.quality.CodeQuality), empty without one.
+    # The source's code-quality metrics (ptxgym.records.quality.CodeQuality), empty without one.
     quality: dict[str, Any] = field(default_factory=dict)
     # The transition from the trajectory's previous turn in the recording process
-    # (ptxgym.bench.transitions.Transition: events and diff); empty for a first turn.
+    # (ptxgym.records.transitions.Transition: events and diff); empty for a first turn.
     transition: dict[str, Any] = field(default_factory=dict)
     # The action language the agent wrote the kernel in (ptxgym.languages: "cuda", "triton").
     language: str = "cuda"

@@ -8,11 +8,11 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from test_report import H100, turn
+from turn_records import H100, turn
 
 from ptxgym import paths
-from ptxgym.bench.records import SCHEMA_VERSION, TurnRecord, best_mfu, read_records
 from ptxgym.env import PTXKernelEnv
+from ptxgym.records.turns import SCHEMA_VERSION, TurnRecord, best_mfu, read_records
 from ptxgym.wrappers import TrajectoryRecorder
 
 # The fields each schema version added, which an older record does not have.

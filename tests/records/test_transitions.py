@@ -6,10 +6,10 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
-from ptxgym.bench.records import TurnRecord
 from ptxgym.bench.report import category_rows, report
 from ptxgym.bench.runs import load
-from ptxgym.bench.transitions import Turn, events, trajectory_transitions, transition
+from ptxgym.records.transitions import Turn, events, trajectory_transitions, transition
+from ptxgym.records.turns import TurnRecord
 
 
 def _turn(number: int, correct: bool, speedup: float | None = None, source: str = "") -> Turn:
