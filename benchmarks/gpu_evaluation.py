@@ -21,7 +21,7 @@ from ptxgym.env import PTXKernelEnv
 from ptxgym.evaluate.judge_settings import JudgeSettings
 from ptxgym.evaluate.local_gpu import LocalGPUEvaluator, incompatibility
 from ptxgym.evaluate.roofline import peaks_for, speed_of_light
-from ptxgym.evaluate.timing import WorkloadTiming
+from ptxgym.outcome import WorkloadTiming
 from ptxgym.tasks import registry
 
 REPEATS = 5

@@ -36,7 +36,6 @@ from ptxgym.evaluate.local_gpu import incompatibility
 from ptxgym.evaluate.profile import (
     PROFILE_METRICS,
     THREAD_METRIC,
-    InstructionProfile,
     PendingProfile,
     find_ncu,
     profile_metrics,
@@ -44,6 +43,7 @@ from ptxgym.evaluate.profile import (
 from ptxgym.evaluate.single_call import CallJob
 from ptxgym.evaluate.worker import host_inputs
 from ptxgym.languages.cuda.compiler import compile_source
+from ptxgym.outcome import InstructionProfile
 from ptxgym.tasks import get_task
 
 METRIC_SETS: dict[str, tuple[str, ...]] = {

@@ -7,11 +7,7 @@ from collections import Counter
 
 from ptxgym.build.result import CompileResult
 from ptxgym.build.sass import SassInventory, matches_any, matching_count
-from ptxgym.evaluate.correctness import CheckReport
-from ptxgym.evaluate.profile import KernelFacts
-from ptxgym.evaluate.roofline import SpeedOfLight
-from ptxgym.evaluate.sanitizer import SanitizerReport
-from ptxgym.outcome import Outcome, Status
+from ptxgym.outcome import CheckReport, KernelFacts, Outcome, SanitizerReport, SpeedOfLight, Status
 from ptxgym.tasks import Task
 
 _NEXT_STEP = {

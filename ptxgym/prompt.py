@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ptxgym.evaluate.roofline import FAULT_RATIO
 from ptxgym.evaluate.timing import (
     HOST_ALLOWANCE_MS,
     HOST_ALLOWANCE_RATIO,
@@ -19,6 +18,7 @@ from ptxgym.evaluate.timing import (
     WARMUP_CALLS,
 )
 from ptxgym.languages import DEFAULT_LANGUAGE, LanguageSections, get_language
+from ptxgym.outcome import FAULT_RATIO
 from ptxgym.tasks import Task
 from ptxgym.tasks.packs import PackPart, estimate_tokens, load_pack, pack_header_name
 

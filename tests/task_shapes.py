@@ -6,8 +6,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from ptxgym.evaluate.correctness import CheckReport, check_outputs
+from ptxgym.evaluate.correctness import check_outputs
 from ptxgym.evaluate.worker import resolve_callable
+from ptxgym.outcome import CheckReport
 from ptxgym.tasks import Task, WorkloadSpec, workload_for
 
 if TYPE_CHECKING:

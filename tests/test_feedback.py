@@ -75,9 +75,7 @@ def test_a_host_call_refused_by_the_build_gets_host_code_advice() -> None:
 def _with_tools(workloads: int) -> str:
     """The feedback on a passed outcome of ``workloads`` timed workloads, memcheck and the
     profile run on the first."""
-    from ptxgym.evaluate.profile import InstructionProfile
-    from ptxgym.evaluate.sanitizer import SanitizerReport
-    from ptxgym.evaluate.timing import WorkloadTiming
+    from ptxgym.outcome import InstructionProfile, SanitizerReport, WorkloadTiming
 
     timings = tuple(
         WorkloadTiming(f"w{index}", 1.0, 1.0, 1.0, (1.0,), "cupti") for index in range(workloads)

@@ -10,12 +10,10 @@ from multiprocessing.connection import Connection
 from typing import Any, Protocol
 
 from ptxgym.evaluate import worker_protocol as protocol
-from ptxgym.evaluate.correctness import CheckReport
 from ptxgym.evaluate.judge_settings import JudgeSettings
-from ptxgym.evaluate.timing import WorkloadTiming
 from ptxgym.evaluate.verdict import Verdict, incorrect_verdict, passed_verdict
 from ptxgym.evaluate.workload_state import TimingPlan, WorkloadState
-from ptxgym.outcome import Status
+from ptxgym.outcome import CheckReport, Status, WorkloadTiming
 from ptxgym.sandbox import channel
 from ptxgym.tasks import Task
 

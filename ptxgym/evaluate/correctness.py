@@ -8,9 +8,9 @@ call (NaN, or a value no correct kernel writes for integers), so an unwritten el
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from ptxgym.outcome import CheckReport, Mismatch, OutputCheck
 from ptxgym.tasks import Task, TensorSpec, Tolerance
 
 if TYPE_CHECKING:
@@ -20,52 +20,6 @@ _WORST_SHOWN = 5
 # What the worker fills integer outputs with before each call, by element size (floating outputs
 # get NaN): a value no correct kernel writes (int8 quantisers clamp to [-127, 127]).
 INTEGER_POISON: dict[int, int] = {4: -0x7EADBEEF, 1: -0x80}
-
-
-@dataclass(frozen=True)
-class Mismatch:
-    """One badly wrong element: where, what the kernel wrote, what was expected."""
-
-    index: tuple[int, ...]
-    got: float
-    expected: float
-
-
-@dataclass(frozen=True)
-class OutputCheck:
-    """The comparison of one output tensor."""
-
-    name: str
-    ok: bool
-    problem: str = ""  # "shape", "dtype", "numerical" or ""
-    detail: str = ""
-    max_abs_error: float = 0.0
-    max_rel_error: float = 0.0
-    mismatched: int = 0
-    non_finite: int = 0
-    total: int = 0
-    worst: tuple[Mismatch, ...] = field(default_factory=tuple)
-    # The largest |out - ref| / (atol + rtol * |ref|) over the finite elements: at most 1 when
-    # they all pass, else the factor the tolerance would have to grow by (inf where an exact
-    # output differs). Says how far a failing kernel is, and what a task's tolerance asks.
-    worst_ratio: float = 0.0
-
-
-@dataclass(frozen=True)
-class CheckReport:
-    """The comparison of every output of one call on one input set."""
-
-    stage: str
-    workload: str
-    outputs: tuple[OutputCheck, ...]
-
-    @property
-    def ok(self) -> bool:
-        return all(o.ok for o in self.outputs)
-
-    @property
-    def first_problem(self) -> str:
-        return next((o.problem for o in self.outputs if not o.ok), "")
 
 
 def check_outputs(

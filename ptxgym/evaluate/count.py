@@ -45,7 +45,6 @@ from ptxgym.build.sass import (
 from ptxgym.evaluate.cupti_helper import HelperUnavailable, build_helper
 from ptxgym.evaluate.profile import (
     DEFAULT_TIMEOUT_S,
-    InstructionProfile,
     families_executed,
     matrix_instructions,
     with_coverage,
@@ -58,6 +57,7 @@ from ptxgym.evaluate.single_call import (
 )
 from ptxgym.languages import get_language
 from ptxgym.languages.base import ENTRY_TRITON
+from ptxgym.outcome import InstructionProfile
 from ptxgym.tasks import Task, get_task
 
 if TYPE_CHECKING:

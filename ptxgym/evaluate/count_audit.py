@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ptxgym.build.sass import matches_any, target_patterns
-from ptxgym.evaluate.profile import InstructionProfile
+from ptxgym.outcome import InstructionProfile
 from ptxgym.tasks import Task
 
 AGREED = "agreed: Nsight Compute counted the same target instructions"

@@ -36,12 +36,12 @@ from ptxgym.device.lock import shared_gpu, startup_hold, startup_lock_for, start
 from ptxgym.evaluate.baselines import baseline_key, cached_baseline, store_baseline
 from ptxgym.evaluate.compile_run import Prepared, prepare
 from ptxgym.evaluate.conversation import CheckUnavailable, Conversation
-from ptxgym.evaluate.correctness import CheckReport, check_outputs
+from ptxgym.evaluate.correctness import check_outputs
 from ptxgym.evaluate.count import self_test as count_self_test
 from ptxgym.evaluate.count_audit import audited
 from ptxgym.evaluate.judge_settings import JudgeSettings, timing_hold
-from ptxgym.evaluate.profile import InstructionProfile, PendingProfile, profile_metrics
-from ptxgym.evaluate.sanitizer import PendingSanitizer, SanitizerReport
+from ptxgym.evaluate.profile import PendingProfile, profile_metrics
+from ptxgym.evaluate.sanitizer import PendingSanitizer
 from ptxgym.evaluate.single_call import CallJob, hand_candidate
 from ptxgym.evaluate.timing import TRIALS, CallSchedule, Timer
 from ptxgym.evaluate.tool_runs import PendingRun, ProfileMethod, ToolKind, ToolRuns
@@ -68,7 +68,7 @@ from ptxgym.evaluate.workload_state import (
 )
 from ptxgym.languages import DEFAULT_LANGUAGE
 from ptxgym.languages.base import ENTRY_C_ABI
-from ptxgym.outcome import Status
+from ptxgym.outcome import CheckReport, InstructionProfile, SanitizerReport, Status
 from ptxgym.sandbox import channel
 from ptxgym.tasks import Task, WorkloadSpec
 

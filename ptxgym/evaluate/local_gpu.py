@@ -34,10 +34,10 @@ from ptxgym.evaluate.judge_messages import (
 )
 from ptxgym.evaluate.judge_server import DEFAULT_JUDGE, connect, start_private_judge
 from ptxgym.evaluate.judge_settings import JudgeSettings
-from ptxgym.evaluate.roofline import FAULT_RATIO, peaks_for, speed_of_light
+from ptxgym.evaluate.roofline import peaks_for, speed_of_light
 from ptxgym.evaluate.verdict import Verdict
 from ptxgym.languages import DEFAULT_LANGUAGE, get_language
-from ptxgym.outcome import Outcome, Status
+from ptxgym.outcome import FAULT_RATIO, Outcome, Status
 from ptxgym.tasks import Task
 
 _START_TIMEOUT_S = 600.0

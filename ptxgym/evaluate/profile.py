@@ -33,7 +33,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -47,6 +47,7 @@ from ptxgym.build.sass import (
     target_addresses,
 )
 from ptxgym.evaluate.single_call import CallJob, PendingCall
+from ptxgym.outcome import InstructionProfile, KernelFacts
 from ptxgym.sandbox.isolation import python_environment, restrict_files, seal
 from ptxgym.sandbox.processes import ProcessGroup, wait_for_word
 from ptxgym.tasks import Task
@@ -85,69 +86,6 @@ _TAIL_CHARS = 1500
 def profile_metrics(details: bool = False) -> tuple[str, ...]:
     """The metrics a profile collects: the opcode counts and facts, plus the details if asked."""
     return PROFILE_METRICS + (tuple(DETAIL_METRICS.values()) if details else ())
-
-
-@dataclass(frozen=True)
-class KernelFacts:
-    """Nsight Compute's summary of one profiled kernel launch (None where it was not reported,
-    or not collected: the throughputs and occupancies are details, collected on request)."""
-
-    name: str
-    duration_us: float | None = None
-    sm_throughput_pct: float | None = None
-    memory_throughput_pct: float | None = None
-    dram_throughput_pct: float | None = None
-    achieved_occupancy_pct: float | None = None
-    theoretical_occupancy_pct: float | None = None
-    registers_per_thread: float | None = None
-    grid_size: float | None = None
-    block_size: float | None = None
-
-
-@dataclass(frozen=True)
-class InstructionProfile:
-    """Executed SASS opcode counts of one call, and what they say about the target families."""
-
-    ok: bool
-    reason: str = ""  # why the profile is unknown, when it is
-    # What counted: "ncu" (Nsight Compute's instrumented run), "cupti" (CUPTI's SASS metrics
-    # in a run of ours, ptxgym.evaluate.count) or "sass" (nothing ran: the build's SASS holds
-    # none of the target instructions, ``note`` says so).
-    method: str = "ncu"
-    # Why the method is not the one asked for (the judge fell back to Nsight Compute), or "".
-    note: str = ""
-    thread_counts: dict[str, int] = field(default_factory=dict)
-    warp_counts: dict[str, int] = field(default_factory=dict)
-    kernels: tuple[KernelFacts, ...] = ()
-    families: dict[str, bool] = field(default_factory=dict)
-    # The operator's floating-point work the compute family's instructions did, as a part of the
-    # task's FLOP model on the profiled workload (``Task.flops``); None where not measured (a
-    # shape the SASS text does not give, or per-opcode counts over instructions of different
-    # shapes). Below ``min_coverage`` the compute family does not qualify.
-    flops_executed: int | None = None
-    coverage: float | None = None
-    min_coverage: float = 0.0
-    seconds: float = 0.0
-    # Of ``seconds``, the part spent reading the report after Nsight Compute ended.
-    read_seconds: float = 0.0
-    # Of ``seconds``, where the profiled call's part went (``single_call.call_seconds``).
-    call_seconds: dict[str, float] = field(default_factory=dict)
-    # What Nsight Compute's audit of CUPTI counts found (ptxgym.evaluate.count_audit): "" when
-    # not audited, "agreed: ...", "disagreed" (then ``ok`` is False and ``reason`` says how), or
-    # "inconclusive: ..." when the audit could not be made.
-    audit: str = ""
-
-    @property
-    def qualified(self) -> bool | None:
-        """True or False when measured; None (unknown, never qualifying) when it failed. The
-        compute family qualifies when it executed and, where its coverage was measured, did at
-        least ``min_coverage`` of the operator's work; another family when it executed."""
-        if not self.ok:
-            return None
-        computed = self.families.get("compute", False) and (
-            self.coverage is None or self.coverage >= self.min_coverage
-        )
-        return computed or any(v for key, v in self.families.items() if key != "compute")
 
 
 def families_executed(task: Task, counts: Mapping[str, int]) -> dict[str, bool]:

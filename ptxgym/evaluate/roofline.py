@@ -10,61 +10,22 @@ is the larger of its FLOPs at the compute peak and its bytes at the bandwidth; a
 bound, FLOPs and bytes are sums over its workloads, as its latency is.
 
 A latency under ``FAULT_RATIO`` of the bound is not a fast kernel but a measurement fault
-(work the timer did not see): the evaluator reports it as such, never as a speedup.
+(work the timer did not see): the evaluator reports it as such, never as a speedup. What a
+bound says (``SpeedOfLight``, ``Peaks``) is defined with the outcome (``ptxgym.outcome``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
 import yaml
 
 from ptxgym import paths
-from ptxgym.evaluate.timing import WorkloadTiming
+from ptxgym.outcome import FAULT_RATIO as FAULT_RATIO  # still given here, where it was first
+from ptxgym.outcome import Peaks, SpeedOfLight, WorkloadTiming
 from ptxgym.tasks import Task
-
-FAULT_RATIO = 0.8
-"""A latency below this part of the bound is a measurement fault. Below 1, since the peaks are
-the datasheets' at the boost clock, which a GPU may exceed a little."""
-
-
-@dataclass(frozen=True)
-class Peaks:
-    """What a GPU can do at most, and where the numbers come from."""
-
-    device: str
-    tflops: float  # dense bf16 tensor-core TFLOP/s
-    dram_gbps: float
-    source: str
-
-
-@dataclass(frozen=True)
-class SpeedOfLight:
-    """A timed call against the GPU's peaks (sums over the task's workloads)."""
-
-    flops: int
-    bytes: int
-    latency_ms: float
-    bound_ms: float
-    limit: str  # "compute" or "memory": which peak sets the bound
-    achieved_tflops: float
-    achieved_gbps: float
-    mfu: float  # achieved FLOP/s over the compute peak
-    bandwidth_use: float  # achieved bytes/s over the DRAM peak
-    peaks: Peaks
-
-    @property
-    def of_bound(self) -> float:
-        """The latency in multiples of the bound (1 is the speed of light)."""
-        return self.latency_ms / self.bound_ms
-
-    @property
-    def fault(self) -> bool:
-        """Faster than the GPU can be: the timing missed work."""
-        return self.latency_ms < FAULT_RATIO * self.bound_ms
 
 
 @cache

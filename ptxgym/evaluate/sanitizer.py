@@ -17,11 +17,11 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from ptxgym import paths
 from ptxgym.evaluate.single_call import CallJob, PendingCall
+from ptxgym.outcome import SanitizerReport
 from ptxgym.tasks import Task
 
 if TYPE_CHECKING:
@@ -38,25 +38,6 @@ _PREFIX = re.compile(r"^=========(?: |$)")
 _PATH = re.compile(r"(?<![\w.])(?:\.{1,2}|~)?(?:/[\w.+-]+)*/([\w.+-]+)")
 _ERROR_SUMMARY = re.compile(r"ERROR SUMMARY: (\d+) errors?")
 _RACE_SUMMARY = re.compile(r"RACECHECK SUMMARY: \d+ hazards? displayed \((\d+) errors?")
-
-
-@dataclass(frozen=True)
-class SanitizerReport:
-    """What one compute-sanitizer tool found in one call of the candidate."""
-
-    tool: str
-    ok: bool  # the tool ran to its summary; when False, ``reason`` says why
-    errors: int = 0
-    findings: tuple[str, ...] = ()
-    reason: str = ""
-    seconds: float = 0.0
-    # Of ``seconds``, where the call's part went (``ptxgym.evaluate.single_call.call_seconds``).
-    call_seconds: dict[str, float] = field(default_factory=dict)
-
-    @property
-    def clean(self) -> bool | None:
-        """True or False when the tool ran; None when memory safety is unknown."""
-        return self.errors == 0 if self.ok else None
 
 
 def find_compute_sanitizer() -> str | None:

@@ -29,6 +29,8 @@ from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from ptxgym.outcome import WorkloadTiming as WorkloadTiming  # still given here, where it was first
+
 WARMUP_CALLS = 10
 TIMED_CALLS = 50
 TRIALS = 3
@@ -97,22 +99,6 @@ def latency_of(
         raise ValueError(f"{len(call_ms)} call times for {trials} trials of {iters} calls")
     medians = tuple(statistics.median(call_ms[t * iters : (t + 1) * iters]) for t in range(trials))
     return medians, statistics.fmean(medians)
-
-
-@dataclass(frozen=True)
-class WorkloadTiming:
-    """Candidate and baseline latency on one workload, and the protocol both were timed with:
-    ``warmup_calls`` untimed and ``timed_calls`` timed calls per trial, one trial per entry of
-    ``trial_medians_ms`` (``JudgeSettings``; 0 where a record predates them)."""
-
-    workload: str
-    latency_ms: float
-    baseline_latency_ms: float
-    speedup: float
-    trial_medians_ms: tuple[float, ...]
-    method: str
-    warmup_calls: int = 0
-    timed_calls: int = 0
 
 
 class _Cupti:

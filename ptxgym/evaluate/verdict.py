@@ -4,11 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from ptxgym.evaluate.correctness import CheckReport
-from ptxgym.evaluate.profile import InstructionProfile
-from ptxgym.evaluate.sanitizer import SanitizerReport
-from ptxgym.evaluate.timing import WorkloadTiming
-from ptxgym.outcome import Status
+from ptxgym.outcome import CheckReport, InstructionProfile, SanitizerReport, Status, WorkloadTiming
 
 
 @dataclass(frozen=True)

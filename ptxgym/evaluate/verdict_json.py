@@ -19,12 +19,17 @@ from __future__ import annotations
 from collections.abc import Callable, Collection
 from typing import Any, TypeVar
 
-from ptxgym.evaluate.correctness import CheckReport, Mismatch, OutputCheck
-from ptxgym.evaluate.profile import InstructionProfile, KernelFacts
-from ptxgym.evaluate.sanitizer import SanitizerReport
-from ptxgym.evaluate.timing import WorkloadTiming
 from ptxgym.evaluate.verdict import Verdict
-from ptxgym.outcome import Status
+from ptxgym.outcome import (
+    CheckReport,
+    InstructionProfile,
+    KernelFacts,
+    Mismatch,
+    OutputCheck,
+    SanitizerReport,
+    Status,
+    WorkloadTiming,
+)
 
 Record = TypeVar("Record")
 Value = TypeVar("Value")

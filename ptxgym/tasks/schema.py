@@ -289,7 +289,7 @@ class Task(_Model):
     # its tensors; a gather or a paged cache reads less, and says so here).
     bytes: str | None = None
     # The part of that work the target family of tensor-core instructions must do for the
-    # compute family to qualify (ptxgym.evaluate.profile.InstructionProfile.qualified); 0 for a
+    # compute family to qualify (ptxgym.outcome.InstructionProfile.qualified); 0 for a
     # performance task, which has no family to qualify with.
     min_coverage: float = Field(0.0, ge=0.0, le=1.0)
     source: str

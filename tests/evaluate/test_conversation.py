@@ -14,7 +14,7 @@ import pytest
 
 from ptxgym.evaluate import worker_protocol as protocol
 from ptxgym.evaluate.conversation import Conversation
-from ptxgym.evaluate.correctness import CheckReport, check_outputs
+from ptxgym.evaluate.correctness import check_outputs
 from ptxgym.evaluate.judge_settings import JudgeSettings
 from ptxgym.evaluate.verdict import Verdict
 from ptxgym.evaluate.workload_state import (
@@ -24,7 +24,7 @@ from ptxgym.evaluate.workload_state import (
     output_bytes,
     worker_job,
 )
-from ptxgym.outcome import Status
+from ptxgym.outcome import CheckReport, Status
 from ptxgym.sandbox import channel
 from ptxgym.tasks import Task, WorkloadSpec, get_task
 

@@ -17,9 +17,10 @@ from ptxgym import paths
 from ptxgym.build.sass import LISTING_FILE, FunctionListing, flops_per_warp, target_addresses
 from ptxgym.evaluate import count, cupti_helper
 from ptxgym.evaluate.count import CountsRefused, PendingCount, counts_profile
-from ptxgym.evaluate.profile import InstructionProfile, with_coverage
+from ptxgym.evaluate.profile import with_coverage
 from ptxgym.evaluate.single_call import CallJob
 from ptxgym.languages.cuda.compiler import compile_source
+from ptxgym.outcome import InstructionProfile
 from ptxgym.tasks import get_task
 
 GEMM = get_task("PTX-H100-GEMM")

@@ -12,10 +12,9 @@ import pytest
 from ptxgym.evaluate.count_audit import AGREED, audited
 from ptxgym.evaluate.judge import Judge
 from ptxgym.evaluate.judge_settings import JudgeSettings
-from ptxgym.evaluate.profile import InstructionProfile
 from ptxgym.evaluate.verdict import Verdict
 from ptxgym.evaluate.verdict_json import verdict_from_json, verdict_to_json
-from ptxgym.outcome import Status
+from ptxgym.outcome import InstructionProfile, Status
 from ptxgym.tasks import get_task
 
 GEMM = get_task("PTX-H100-GEMM")

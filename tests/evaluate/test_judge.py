@@ -20,7 +20,6 @@ from ptxgym.evaluate import judge as judge_module
 from ptxgym.evaluate.baselines import baseline_key, cached_baseline, store_baseline
 from ptxgym.evaluate.judge import Judge, WorkerStartError, _Worker, worker_context
 from ptxgym.evaluate.judge_settings import JudgeSettings
-from ptxgym.evaluate.sanitizer import SanitizerReport
 from ptxgym.evaluate.verdict import Verdict
 from ptxgym.evaluate.worker import WORKER_IMPORTS
 from ptxgym.evaluate.workload_state import (
@@ -28,7 +27,7 @@ from ptxgym.evaluate.workload_state import (
     WorkloadState,
     output_bytes,
 )
-from ptxgym.outcome import Status
+from ptxgym.outcome import SanitizerReport, Status
 from ptxgym.tasks import Task, get_task
 
 GEMM = get_task("PTX-H100-GEMM")

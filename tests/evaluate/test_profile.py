@@ -15,13 +15,11 @@ from ptxgym.evaluate import profile
 from ptxgym.evaluate.profile import (
     DETAIL_METRICS,
     PROFILE_METRICS,
-    InstructionProfile,
-    KernelFacts,
     families_executed,
     profile_candidate,
 )
 from ptxgym.feedback import render_feedback
-from ptxgym.outcome import Outcome, Status
+from ptxgym.outcome import InstructionProfile, KernelFacts, Outcome, Status
 from ptxgym.tasks import get_task
 
 H100 = get_task("PTX-H100-GEMM")

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from ptxgym.evaluate.roofline import FAULT_RATIO, peaks_for, speed_of_light
-from ptxgym.evaluate.timing import WorkloadTiming
+from ptxgym.evaluate.roofline import peaks_for, speed_of_light
 from ptxgym.feedback import speed_of_light_line
+from ptxgym.outcome import FAULT_RATIO, WorkloadTiming
 from ptxgym.tasks import get_task
 
 GEMM = get_task("PTX-H100-GEMM")

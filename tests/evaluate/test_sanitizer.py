@@ -10,15 +10,10 @@ import pytest
 
 from ptxgym.evaluate.judge import Judge
 from ptxgym.evaluate.judge_settings import JudgeSettings
-from ptxgym.evaluate.sanitizer import (
-    SanitizerReport,
-    parse_error_count,
-    parse_findings,
-    sanitize_candidate,
-)
+from ptxgym.evaluate.sanitizer import parse_error_count, parse_findings, sanitize_candidate
 from ptxgym.evaluate.verdict import Verdict, with_memory_errors
 from ptxgym.feedback import render_feedback
-from ptxgym.outcome import Outcome, Status
+from ptxgym.outcome import Outcome, SanitizerReport, Status
 from ptxgym.tasks import get_task
 
 GEMM = get_task("PTX-H100-GEMM")

@@ -25,13 +25,11 @@ import pytest
 
 from ptxgym.evaluate.judge import Judge
 from ptxgym.evaluate.judge_settings import JudgeSettings
-from ptxgym.evaluate.profile import InstructionProfile
-from ptxgym.evaluate.sanitizer import SanitizerReport
 from ptxgym.evaluate.single_call import _POISON_PATTERNS, CallJob
 from ptxgym.evaluate.tool_runs import ToolKind, ToolRuns
 from ptxgym.evaluate.worker import poison
 from ptxgym.evaluate.workload_state import CheckStage, WorkloadState
-from ptxgym.outcome import Status
+from ptxgym.outcome import InstructionProfile, SanitizerReport, Status
 from ptxgym.tasks import get_task
 from ptxgym.tasks.schema import DType
 

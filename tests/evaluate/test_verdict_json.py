@@ -18,13 +18,18 @@ from typing import Any
 
 import pytest
 
-from ptxgym.evaluate.correctness import CheckReport, Mismatch, OutputCheck
-from ptxgym.evaluate.profile import InstructionProfile, KernelFacts
-from ptxgym.evaluate.sanitizer import SanitizerReport
-from ptxgym.evaluate.timing import WorkloadTiming
 from ptxgym.evaluate.verdict import Verdict
 from ptxgym.evaluate.verdict_json import VerdictFormatError, verdict_from_json, verdict_to_json
-from ptxgym.outcome import Status
+from ptxgym.outcome import (
+    CheckReport,
+    InstructionProfile,
+    KernelFacts,
+    Mismatch,
+    OutputCheck,
+    SanitizerReport,
+    Status,
+    WorkloadTiming,
+)
 
 PASSED = Verdict(
     Status.PASSED,

@@ -20,9 +20,10 @@ from ptxgym.evaluate.count import SELF_TEST_KERNELS, count_candidate
 from ptxgym.evaluate.count_audit import AGREED
 from ptxgym.evaluate.judge_settings import JudgeSettings
 from ptxgym.evaluate.local_gpu import LocalGPUEvaluator, incompatibility
-from ptxgym.evaluate.profile import InstructionProfile, profile_candidate
+from ptxgym.evaluate.profile import profile_candidate
 from ptxgym.evaluate.worker import host_inputs
 from ptxgym.languages.cuda.compiler import compile_source
+from ptxgym.outcome import InstructionProfile
 from ptxgym.tasks import Task, get_task
 
 pytestmark = pytest.mark.gpu

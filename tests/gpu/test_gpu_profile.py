@@ -18,9 +18,10 @@ from ptxgym.env import PTXKernelEnv
 from ptxgym.evaluate.count import SELF_TEST_KERNELS
 from ptxgym.evaluate.judge_settings import JudgeSettings
 from ptxgym.evaluate.local_gpu import LocalGPUEvaluator, incompatibility
-from ptxgym.evaluate.profile import InstructionProfile, profile_candidate
+from ptxgym.evaluate.profile import profile_candidate
 from ptxgym.evaluate.worker import host_inputs
 from ptxgym.languages.cuda.compiler import compile_source
+from ptxgym.outcome import InstructionProfile
 from ptxgym.tasks import get_task
 
 pytestmark = pytest.mark.gpu

@@ -28,7 +28,7 @@ from typing import Any
 import pytest
 
 from ptxgym.evaluate.conversation import Conversation
-from ptxgym.evaluate.correctness import CheckReport, check_outputs
+from ptxgym.evaluate.correctness import check_outputs
 from ptxgym.evaluate.judge import Judge
 from ptxgym.evaluate.judge_settings import JudgeSettings
 from ptxgym.evaluate.timing import CallSchedule, latency_of
@@ -40,7 +40,7 @@ from ptxgym.evaluate.workload_state import (
     output_bytes,
     worker_job,
 )
-from ptxgym.outcome import Status
+from ptxgym.outcome import CheckReport, Status
 from ptxgym.sandbox import channel
 from ptxgym.tasks import WorkloadSpec, get_task
 

@@ -13,10 +13,8 @@ from typing import Any
 import pytest
 
 from ptxgym import __version__
-from ptxgym.evaluate.correctness import CheckReport, OutputCheck
-from ptxgym.evaluate.timing import WorkloadTiming
 from ptxgym.interop import flashinfer_trace as trace
-from ptxgym.outcome import Outcome, Status
+from ptxgym.outcome import CheckReport, Outcome, OutputCheck, Status, WorkloadTiming
 from ptxgym.records.exports import (
     export_flashinfer,
     repair_pairs,
