@@ -70,8 +70,10 @@ SPLIT: dict[str, tuple[str, ...]] = {
         "ptxgym.evaluate.workload_state",
         "ptxgym.evaluate.conversation",
         "ptxgym.evaluate.verdict",
+        "ptxgym.evaluate.worker_process",
+        "ptxgym.evaluate.reference_checks",
     ),
-    "ptxgym.bench.report": ("ptxgym.bench.runs", "ptxgym.bench.plots"),
+    "ptxgym.bench.report": ("ptxgym.bench.runs", "ptxgym.bench.plots", "ptxgym.bench.categories"),
     "ptxgym.interop.flashinfer_trace": (
         "ptxgym.interop.flashinfer_schema",
         "ptxgym.interop.reference_source",

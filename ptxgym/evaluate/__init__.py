@@ -7,11 +7,13 @@ evaluators of one machine, and ``ray_pool`` spreads both over a Ray cluster (its
 name in ``ray_served``). Behind ``local_gpu``: the ``judge`` (set by ``judge_settings``, in its own
 process, ``judge_server``, taking requests and answering as ``judge_messages`` says, verdicts in
 ``verdict_json``) keeps each workload's ``workload_state``, runs the candidate in a confined
-``worker`` and takes its messages in a ``conversation`` under the exact ``worker_protocol``, with
-``correctness``, ``timing`` and ``baselines``, comes to a ``verdict``, and starts the tool runs
-(``tool_runs``: ``sanitizer``, and ``count`` or ``profile``, each a ``single_call`` of the
-candidate; ``count_audit`` checks a share of the counts against a profile). A Triton candidate's
-kernels are compiled first, by a confined ``compile_run``.
+``worker`` (a process it starts and ends through ``worker_process``) and takes its messages in a
+``conversation`` under the exact ``worker_protocol``, compares the outputs with the references
+(``reference_checks``, by ``correctness``), with ``timing`` and ``baselines`` comes to a
+``verdict``, and starts the tool runs (``tool_runs``: ``sanitizer``, and ``count`` or
+``profile``, each a ``single_call`` of the candidate; ``count_audit`` checks a share of the
+counts against a profile). A Triton candidate's kernels are compiled first, by a confined
+``compile_run``.
 
 The names below are imported on first use, so importing one module of this package never pulls
 in the judge (and torch) by way of this file.

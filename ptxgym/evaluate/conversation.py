@@ -24,8 +24,9 @@ class CheckUnavailable(Exception):
 
 
 class OutputChecks(Protocol):
-    """How a conversation checks outputs: the judge's own, on the GPU (``ptxgym.evaluate.judge``),
-    or a test's. ``outputs`` may be views of the arena, valid during the call only."""
+    """How a conversation checks outputs: the judge's own, on the GPU
+    (``ptxgym.evaluate.reference_checks``), or a test's. ``outputs`` may be views of the arena,
+    valid during the call only."""
 
     def stage(self, workload: str, stage: str, outputs: dict[str, Any]) -> CheckReport: ...
 

@@ -3,21 +3,20 @@
 One judge per GPU (``JudgeSettings``: ``ptxgym.evaluate.judge_settings``). It holds the workload
 state that must never be visible to candidate code (``ptxgym.evaluate.workload_state``: the seeds,
 the reference outputs, the baseline latencies) and keeps it across steps. For each candidate it
-hands a fresh worker (``ptxgym.evaluate.worker``) the library and the seeds, holds the
-conversation with it (``ptxgym.evaluate.conversation``: every message taken against the
-protocol's script, the claimed timing bounded by the judge's own clock), compares the outputs that
-come back with the references (``_ReferenceChecks``), runs the tools the verdict calls for, and
-turns crashes, hangs, bad outputs and broken protocol into a verdict
-(``ptxgym.evaluate.verdict``). A worker that dies, hangs or breaks its CUDA context costs only
-itself: it is killed, and a spare, already started, serves the next candidate.
+hands a fresh worker (``ptxgym.evaluate.worker``, its process started and ended through
+``ptxgym.evaluate.worker_process``) the library and the seeds, holds the conversation with it
+(``ptxgym.evaluate.conversation``: every message taken against the protocol's script, the claimed
+timing bounded by the judge's own clock), compares the outputs that come back with the references
+(``ptxgym.evaluate.reference_checks``), runs the tools the verdict calls for, and turns crashes,
+hangs, bad outputs and broken protocol into a verdict (``ptxgym.evaluate.verdict``). A worker that
+dies, hangs or breaks its CUDA context costs only itself: it is killed, and a spare, already
+started, serves the next candidate.
 """
 
 from __future__ import annotations
 
 import collections
 import contextlib
-import multiprocessing
-import os
 import random
 import secrets
 import shutil
@@ -32,15 +31,15 @@ from pathlib import Path
 from typing import Any
 
 from ptxgym.device.gpus import make_context, visible_gpus
-from ptxgym.device.lock import shared_gpu, startup_hold, startup_lock_for, startup_lock_path
+from ptxgym.device.lock import shared_gpu, startup_hold, startup_lock_path
 from ptxgym.evaluate.baselines import baseline_key, cached_baseline, store_baseline
 from ptxgym.evaluate.compile_run import Prepared, prepare
-from ptxgym.evaluate.conversation import CheckUnavailable, Conversation
-from ptxgym.evaluate.correctness import check_outputs
+from ptxgym.evaluate.conversation import Conversation
 from ptxgym.evaluate.count import self_test as count_self_test
 from ptxgym.evaluate.count_audit import audited
 from ptxgym.evaluate.judge_settings import JudgeSettings, timing_hold
 from ptxgym.evaluate.profile import PendingProfile, profile_metrics
+from ptxgym.evaluate.reference_checks import ReferenceChecks
 from ptxgym.evaluate.sanitizer import PendingSanitizer
 from ptxgym.evaluate.single_call import CallJob, hand_candidate
 from ptxgym.evaluate.timing import TRIALS, CallSchedule, Timer
@@ -51,12 +50,12 @@ from ptxgym.evaluate.verdict import (
     sharing_may_explain,
     with_memory_errors,
 )
-from ptxgym.evaluate.worker import (
-    WORKER_IMPORTS,
-    host_bytes,
-    make_inputs,
-    resolve_callable,
-    worker_main,
+from ptxgym.evaluate.worker import host_bytes, make_inputs, resolve_callable
+from ptxgym.evaluate.worker_process import (
+    WorkerProcess,
+    WorkerStartError,
+    how_it_ended,
+    worker_context,
 )
 from ptxgym.evaluate.workload_state import (
     CheckStage,
@@ -68,12 +67,11 @@ from ptxgym.evaluate.workload_state import (
 )
 from ptxgym.languages import DEFAULT_LANGUAGE
 from ptxgym.languages.base import ENTRY_C_ABI
-from ptxgym.outcome import CheckReport, InstructionProfile, SanitizerReport, Status
+from ptxgym.outcome import InstructionProfile, SanitizerReport, Status
 from ptxgym.sandbox import channel
 from ptxgym.tasks import Task, WorkloadSpec
 
 _random = random.SystemRandom()  # which timed calls are checked: not predictable from outside
-_LOG_TAIL_CHARS = 2000
 # A worker's start (Python, torch, CUDA context, CUPTI) takes seconds, more on a busy host; it is
 # ours, not the candidate's, so it has its own deadline, independent of the stage timeout.
 _WORKER_START_TIMEOUT_S = 120.0
@@ -98,85 +96,9 @@ _PROFILE_FIRST_WAIT_S = 10.0
 _SWITCH_INTERVAL_S = 0.0005
 
 
-def worker_context(fork: bool) -> multiprocessing.context.BaseContext:
-    """How the judge starts its workers: afresh (``spawn``), or with ``fork`` forked from a
-    process of the judge's that has imported ``WORKER_IMPORTS`` (Python's ``forkserver``, which
-    is never the judge itself: the judge holds a CUDA context, which a fork must not copy)."""
-    if not fork:
-        return multiprocessing.get_context("spawn")
-    context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(list(WORKER_IMPORTS))
-    return context
-
-
-class _Worker:
-    """A started worker process waiting for its one job."""
-
-    def __init__(
-        self, context: Any, device: int, folder: Path, lock_startup: bool, use_cupti: bool
-    ) -> None:
-        """``lock_startup``: the worker makes its CUDA context holding the start-up lock shared.
-        ``use_cupti``: it times with CUPTI (else host wall time, only when asked for)."""
-        folder.mkdir(parents=True, exist_ok=True)
-        name = f"worker-{secrets.token_hex(4)}"
-        # The log sits outside the worker's own folder, which it may write (and is removed).
-        self.log_path = folder / f"{name}.log"
-        self.home = folder / name
-        self.conn, child = context.Pipe()
-        self.process = context.Process(
-            target=worker_main,
-            args=(
-                *(child, device, str(self.log_path), str(self.home)),
-                startup_lock_for(device, lock_startup),
-                use_cupti,
-            ),
-            daemon=True,
-        )
-        self.process.start()
-        child.close()
-        self.ready = False
-        # What confinement took effect in the worker (ptxgym.sandbox.isolation), and how it times
-        # the candidate, as it reported before any candidate code was loaded.
-        self.isolation: dict[str, bool] = {}
-        self.timing_method = ""
-
-    def wait_ready(self, timeout_s: float) -> None:
-        if not self.ready:
-            header, _ = channel.receive(self.conn, None, timeout_s)
-            if header.get("kind") != "ready":
-                raise channel.ChannelError(f"worker did not start: {header}")
-            self.isolation = {str(k): bool(v) for k, v in dict(header.get("isolation", {})).items()}
-            self.timing_method = str(header.get("timing_method", ""))
-            self.ready = True
-
-    def log_tail(self) -> str:
-        """The end of the worker's output; only the end is read, however large the log grew."""
-        try:
-            with self.log_path.open("rb") as log:
-                log.seek(max(0, log.seek(0, os.SEEK_END) - 4 * _LOG_TAIL_CHARS))
-                text = log.read().decode("utf-8", "replace")
-        except OSError:
-            return ""
-        return text[-_LOG_TAIL_CHARS:].strip()
-
-    def kill(self) -> None:
-        """End the process and wait until it is gone, its CUDA context with it."""
-        if self.process.is_alive():
-            self.process.kill()
-        self.process.join(timeout=10)
-        self.conn.close()
-        self.log_path.unlink(missing_ok=True)
-        shutil.rmtree(self.home, ignore_errors=True)
-
-
 class TimingUnavailable(RuntimeError):
     """The timing method the settings ask for cannot run here: the judge does not start rather
     than time otherwise unasked."""
-
-
-class WorkerStartError(RuntimeError):
-    """Workers cannot start on this host (a broken CUDA set-up, a confinement the platform
-    refuses): no candidate can be evaluated, so the request fails with the worker's own words."""
 
 
 class Judge:
@@ -213,7 +135,7 @@ class Judge:
         # Each judge thread's CUDA stream for its comparisons (settings.check_streams): one per
         # thread, not per evaluation, as the caching allocator keeps freed blocks per stream.
         self._check_streams = threading.local()
-        self.spares: list[_Worker] = []
+        self.spares: list[WorkerProcess] = []
         properties = torch.cuda.get_device_properties(device)
         gpus = visible_gpus()
         # What the GPU, the libraries and the timing method are: read once, keyed into every
@@ -268,8 +190,8 @@ class Judge:
             with self._mutex:
                 self.spares.append(worker)
 
-    def _start_worker(self) -> _Worker:
-        return _Worker(
+    def _start_worker(self) -> WorkerProcess:
+        return WorkerProcess(
             self.context,
             self.device,
             self.folder,
@@ -277,7 +199,7 @@ class Judge:
             use_cupti=self.settings.timing_method == "cupti",
         )
 
-    def _take_worker(self) -> _Worker:
+    def _take_worker(self) -> WorkerProcess:
         with self._mutex:
             worker = self.spares.pop(0) if self.spares else None
         if worker is None:
@@ -306,7 +228,7 @@ class Judge:
             attempt += 1
             worker = self._start_worker()
 
-    def _start_problem(self, worker: _Worker) -> str | None:
+    def _start_problem(self, worker: WorkerProcess) -> str | None:
         """Why ``worker`` cannot take a job (None when it can)."""
         try:
             worker.wait_ready(_WORKER_START_TIMEOUT_S)
@@ -718,7 +640,7 @@ class Judge:
         task: Task,
         prepared: Prepared,
         states: list[WorkloadState],
-        worker: _Worker,
+        worker: WorkerProcess,
         stages: dict[str, float],
         before_timing: Callable[[], None],
     ) -> Verdict:
@@ -729,7 +651,7 @@ class Judge:
         # The outputs come back through shared memory sized for the largest output set.
         arena = channel.Arena.create(max(output_bytes(task, s.spec) for s in states))
         job["arena_bytes"] = arena.size
-        checks = _ReferenceChecks(self, task, states, plans)
+        checks = ReferenceChecks(self, task, states, plans)
         try:
             channel.send(worker.conn, job)
             arena.share(worker.conn, worker.process.pid)
@@ -747,7 +669,7 @@ class Judge:
                 worker.conn,
                 arena,
                 stages,
-                ended=lambda: _how_it_ended(worker),
+                ended=lambda: how_it_ended(worker),
                 before_timing=before_timing,
             )
             return conversation.run()
@@ -764,13 +686,6 @@ class Judge:
         timed = CallSchedule(settings.warmup, settings.iters, settings.trials).timed
         picks = _random.sample(timed, min(self.settings.timed_checks, len(timed)))
         return TimingPlan(secrets.randbits(60), frozenset(picks))
-
-    def _timed_references(self, task: Task, state: WorkloadState, seed: int) -> dict[str, Any]:
-        """The references for one timed call's inputs (made from the judge's own seed)."""
-        reference = resolve_callable(task.callables.reference)
-        inputs = make_inputs(task, state.spec.payload(), seed, False)
-        references: dict[str, Any] = reference(inputs, **task.callables.params)
-        return references
 
     def close(self) -> None:
         with self._mutex:
@@ -835,88 +750,6 @@ class _WorkerHolds:
             self.stages["checks_gpu"] = time.perf_counter() - self.checks_from
         else:
             self.stages["worker_gpu"] = time.perf_counter() - self.alone_from
-
-
-class _ReferenceChecks:
-    """The judge's checks: a worker's outputs copied to the GPU and compared with the
-    references, a stage's from its workload state, a timed call's made from the judge's seed
-    for that call."""
-
-    def __init__(
-        self,
-        judge: Judge,
-        task: Task,
-        states: list[WorkloadState],
-        plans: dict[str, TimingPlan],
-    ) -> None:
-        self.judge = judge
-        self.task = task
-        self.states = {state.spec.name: state for state in states}
-        self.plans = plans
-        # The judge's own seconds in the correctness stage's comparisons (outputs copied to the
-        # GPU and compared): beside the worker's calls, what the stage's length is made of.
-        self.compare_seconds = 0.0
-
-    def stage(self, workload: str, stage: str, outputs: dict[str, Any]) -> CheckReport:
-        state = self.states[workload]
-        checked = next(s for s in state.stages if s.name == stage)
-        started = time.perf_counter()
-        try:
-            return self._compare(
-                state, stage, outputs, lambda: checked.references, outliers=checked.outliers
-            )
-        finally:
-            self.compare_seconds += time.perf_counter() - started
-
-    def timed_call(self, workload: str, call: int, outputs: dict[str, Any]) -> CheckReport:
-        state = self.states[workload]
-        seed = self.plans[workload].seed + call
-        return self._compare(
-            state,
-            f"timed call {call}",
-            outputs,
-            lambda: self.judge._timed_references(self.task, state, seed),
-        )
-
-    def _compare(
-        self,
-        state: WorkloadState,
-        label: str,
-        outputs: dict[str, Any],
-        references: Callable[[], dict[str, Any]],
-        *,
-        outliers: bool = False,
-    ) -> CheckReport:
-        try:
-            # Read back once per output (check_outputs), which syncs the stream: all of this
-            # is done before the arena is wiped or the references freed.
-            with self.judge.check_stream():
-                on_gpu = {name: tensor.to("cuda") for name, tensor in outputs.items()}
-                axes = self.task.axis_values(state.spec)
-                return check_outputs(
-                    self.task,
-                    label,
-                    state.spec.name,
-                    axes,
-                    on_gpu,
-                    references(),
-                    outliers=outliers,
-                )
-        except self.judge.torch.cuda.OutOfMemoryError:
-            raise CheckUnavailable(
-                f"the GPU ran out of memory while its outputs were checked "
-                f"({state.spec.name}/{label}): the process running the kernel holds too much "
-                "device memory"
-            ) from None
-
-
-def _how_it_ended(worker: _Worker) -> str:
-    """How the worker's process ended, its end of the channel closed (waits for it a little)."""
-    worker.process.join(timeout=5)
-    code = worker.process.exitcode
-    if code is not None and code < 0:
-        return f"was killed by signal {-code}"
-    return f"exited with code {code}"
 
 
 def _memory_pauses() -> Iterator[float]:

@@ -143,7 +143,7 @@ class JudgeSettings:
     # measured.
     startup_linger_s: float = 0.0
     # Workers forked from a process of the judge's that has imported what a worker imports
-    # (``ptxgym.evaluate.judge.worker_context``) instead of started afresh, which imports
+    # (``ptxgym.evaluate.worker_process.worker_context``) instead of started afresh, which imports
     # Python's and torch's modules again: an evaluation with the tools off cost 1.3
     # CPU-seconds forked against 4.7 spawned on the H200 host, whose 16 cores bound 16
     # trajectories (docs/benchmarks.md, tenth session). False: spawned, for a judge whose

@@ -17,11 +17,13 @@ from typing import Any
 import pytest
 
 from ptxgym.evaluate import judge as judge_module
+from ptxgym.evaluate import worker_process
 from ptxgym.evaluate.baselines import baseline_key, cached_baseline, store_baseline
-from ptxgym.evaluate.judge import Judge, WorkerStartError, _Worker, worker_context
+from ptxgym.evaluate.judge import Judge
 from ptxgym.evaluate.judge_settings import JudgeSettings
 from ptxgym.evaluate.verdict import Verdict
 from ptxgym.evaluate.worker import WORKER_IMPORTS
+from ptxgym.evaluate.worker_process import WorkerProcess, WorkerStartError, worker_context
 from ptxgym.evaluate.workload_state import (
     CheckStage,
     WorkloadState,
@@ -65,7 +67,7 @@ def test_a_stored_baseline_is_read_back(tmp_path: Path, monkeypatch: pytest.Monk
 def test_only_the_end_of_a_huge_worker_log_is_read(tmp_path: Path) -> None:
     log = tmp_path / "worker.log"
     log.write_bytes(b"x" * 5_000_000 + b"\nFatal Python error: Segmentation fault\n")
-    worker = _Worker.__new__(_Worker)  # no process: only the log is needed
+    worker = WorkerProcess.__new__(WorkerProcess)  # no process: only the log is needed
     worker.log_path = log
     tail = worker.log_tail()
     assert tail.endswith("Fatal Python error: Segmentation fault")
@@ -118,7 +120,7 @@ def test_a_worker_that_cannot_start_fails_the_request_with_its_own_words(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("PTXGYM_LOCK_DIR", str(tmp_path / "locks"))
-    monkeypatch.setattr(judge_module, "worker_main", _broken_worker)
+    monkeypatch.setattr(worker_process, "worker_main", _broken_worker)
     judge = _judge_starting_workers(tmp_path, 8 << 30)
     with pytest.raises(WorkerStartError, match=r"failed to start.*\(2 starts\).*Error 304"):
         judge._take_worker()
@@ -133,7 +135,7 @@ def test_a_worker_that_finds_no_memory_is_started_again_until_a_deadline(
     monkeypatch.setattr(judge_module, "_MEMORY_PAUSE_S", 0.1)
     for stand_in, free in ((_worker_without_memory, 8 << 30), (_broken_worker, 100 << 20)):
         # Out of memory in its own words, or the GPU nearly full whatever it said.
-        monkeypatch.setattr(judge_module, "worker_main", stand_in)
+        monkeypatch.setattr(worker_process, "worker_main", stand_in)
         judge = _judge_starting_workers(tmp_path, free)
         started = time.monotonic()
         with pytest.raises(WorkerStartError, match=r"\((\d+) starts\)") as raised:

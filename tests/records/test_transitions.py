@@ -6,7 +6,8 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
-from ptxgym.bench.report import category_rows, report
+from ptxgym.bench.categories import category_rows
+from ptxgym.bench.report import report
 from ptxgym.bench.runs import load
 from ptxgym.records.transitions import Turn, events, trajectory_transitions, transition
 from ptxgym.records.turns import TurnRecord
