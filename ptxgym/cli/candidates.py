@@ -59,7 +59,8 @@ def _compile(args: argparse.Namespace) -> int:
 
 
 def _eval(args: argparse.Namespace) -> int:
-    from ptxgym.evaluate.local_gpu import EvaluatorError, LocalGPUEvaluator
+    from ptxgym.evaluate.errors import EvaluatorError
+    from ptxgym.evaluate.local_gpu import LocalGPUEvaluator
 
     evaluator = LocalGPUEvaluator(settings=judge_settings(args), language=args.language)
     try:
@@ -82,7 +83,8 @@ def _report_candidate(args: argparse.Namespace, evaluator: Evaluator, success: S
 
 
 def _baseline(args: argparse.Namespace) -> int:
-    from ptxgym.evaluate.local_gpu import EvaluatorError, LocalGPUEvaluator
+    from ptxgym.evaluate.errors import EvaluatorError
+    from ptxgym.evaluate.local_gpu import LocalGPUEvaluator
 
     task = get_task(args.task_id)
     evaluator = LocalGPUEvaluator()

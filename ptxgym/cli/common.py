@@ -53,7 +53,7 @@ def evaluator(spec: str) -> str | Evaluator:
     shared by every task of the run (the caller closes it)."""
     if spec in EVALUATORS:
         return spec
-    from ptxgym.evaluate.local_gpu import EvaluatorError
+    from ptxgym.evaluate.errors import EvaluatorError
     from ptxgym.evaluate.ray_pool import RayEvaluator
 
     try:

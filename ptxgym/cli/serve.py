@@ -56,7 +56,7 @@ def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
 def _serve(args: argparse.Namespace) -> int:
     """Start (or list, or end) a named pool on a Ray cluster, and say how to reach it."""
     from ptxgym.evaluate import ray_served
-    from ptxgym.evaluate.local_gpu import EvaluatorError
+    from ptxgym.evaluate.errors import EvaluatorError
     from ptxgym.evaluate.ray_actors import PoolError
     from ptxgym.evaluate.ray_connection import connected
 

@@ -1,6 +1,7 @@
 """Evaluation: a candidate source in, an :class:`~ptxgym.outcome.Outcome` out.
 
-``evaluator`` holds the :class:`Evaluator` protocol and ``make_evaluator``; ``build_step`` the
+``evaluator`` holds the :class:`Evaluator` protocol and ``make_evaluator``, ``errors`` the
+``EvaluatorError`` an evaluator raises for its own failures; ``build_step`` the
 policy-and-build stage every evaluator starts with; ``compile_only`` and ``local_gpu`` are the
 evaluators of one machine, and ``ray_pool`` spreads both over a Ray cluster (its actors in
 ``ray_actors``, its connection to the cluster in ``ray_connection``, pools started and found by
@@ -27,6 +28,7 @@ from typing import Any
 _EXPORTS = {
     "Evaluator": "ptxgym.evaluate.evaluator",
     "EVALUATORS": "ptxgym.evaluate.evaluator",
+    "EvaluatorError": "ptxgym.evaluate.errors",
     "make_evaluator": "ptxgym.evaluate.evaluator",
     "CompileOnlyEvaluator": "ptxgym.evaluate.compile_only",
     "build_candidate": "ptxgym.evaluate.build_step",

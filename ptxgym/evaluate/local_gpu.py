@@ -24,6 +24,7 @@ from typing import Any
 from ptxgym.build.result import DEFAULT_COMPILE_TIMEOUT_S, CompileResult
 from ptxgym.device.gpus import GPUInfo, physical_device, visible_gpus
 from ptxgym.evaluate.build_step import build_candidate
+from ptxgym.evaluate.errors import EvaluatorError
 from ptxgym.evaluate.judge_messages import (
     MAX_ANSWER_BYTES,
     MessageError,
@@ -43,10 +44,6 @@ from ptxgym.tasks import Task
 _START_TIMEOUT_S = 600.0
 # The answer each kind of request expects.
 _ANSWER_KINDS = {"evaluate": "verdict", "baseline": "baseline"}
-
-
-class EvaluatorError(RuntimeError):
-    """The evaluator itself failed (not the candidate): a missing dependency or a wrong GPU."""
 
 
 def gpu_of(device: int = 0) -> GPUInfo | None:

@@ -41,8 +41,8 @@ from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 from ptxgym.build.result import DEFAULT_COMPILE_TIMEOUT_S
+from ptxgym.evaluate.errors import EvaluatorError
 from ptxgym.evaluate.judge_settings import JudgeSettings
-from ptxgym.evaluate.local_gpu import EvaluatorError
 from ptxgym.evaluate.ray_actors import Built, JudgeKind, Member, task_generation
 from ptxgym.evaluate.ray_connection import (
     actor_exception,

@@ -20,8 +20,8 @@ from types import ModuleType
 from typing import Any
 
 from ptxgym.build.result import DEFAULT_COMPILE_TIMEOUT_S
+from ptxgym.evaluate.errors import EvaluatorError
 from ptxgym.evaluate.judge_settings import JudgeSettings
-from ptxgym.evaluate.local_gpu import EvaluatorError
 from ptxgym.evaluate.ray_actors import JudgeKind, Member, Pool, PoolError, PoolSpec
 from ptxgym.evaluate.ray_connection import actor_exception, import_ray
 

@@ -14,8 +14,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from ptxgym.evaluate.errors import EvaluatorError
 from ptxgym.evaluate.judge_settings import JudgeSettings
-from ptxgym.evaluate.local_gpu import EvaluatorError, _JudgeHandle
+from ptxgym.evaluate.local_gpu import _JudgeHandle
 from ptxgym.evaluate.verdict import Verdict
 from ptxgym.outcome import Status
 from ptxgym.tasks import Task, get_task

@@ -16,8 +16,9 @@ import pytest
 
 from ptxgym import paths
 from ptxgym.evaluate import judge_server
+from ptxgym.evaluate.errors import EvaluatorError
 from ptxgym.evaluate.judge_settings import JudgeSettings
-from ptxgym.evaluate.local_gpu import EvaluatorError, _JudgeHandle
+from ptxgym.evaluate.local_gpu import _JudgeHandle
 from ptxgym.evaluate.verdict import Verdict
 from ptxgym.outcome import Status
 from ptxgym.tasks import Task, get_task

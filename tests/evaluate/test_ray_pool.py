@@ -24,8 +24,8 @@ import pytest
 from ptxgym import paths
 from ptxgym.cli import main
 from ptxgym.evaluate import ray_connection, ray_pool, ray_served
+from ptxgym.evaluate.errors import EvaluatorError
 from ptxgym.evaluate.evaluator import make_evaluator
-from ptxgym.evaluate.local_gpu import EvaluatorError
 from ptxgym.evaluate.ray_actors import PoolSpec, generation
 from ptxgym.evaluate.ray_pool import NoJudgeError, RayEvaluator
 from ptxgym.evaluate.ray_served import parse_spec

@@ -24,8 +24,9 @@ import pytest
 
 from ptxgym.evaluate import judge_messages, judge_server
 from ptxgym.evaluate import local_gpu as gpu_evaluator
+from ptxgym.evaluate.errors import EvaluatorError
 from ptxgym.evaluate.judge_settings import JudgeSettings
-from ptxgym.evaluate.local_gpu import EvaluatorError, _JudgeHandle
+from ptxgym.evaluate.local_gpu import _JudgeHandle
 from ptxgym.evaluate.verdict import Verdict
 from ptxgym.evaluate.verdict_json import verdict_to_json
 from ptxgym.outcome import Status
