@@ -6,6 +6,8 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
+from turn_records import turn, write
+
 from ptxgym.bench.categories import category_rows
 from ptxgym.bench.report import report
 from ptxgym.bench.runs import load
@@ -44,28 +46,13 @@ def test_trajectories_pair_consecutive_turns_in_order() -> None:
     ]
 
 
-def _record(number: int, correct: bool, speedup: float | None, category: str) -> TurnRecord:
-    return TurnRecord(
-        run="r",
-        task_id="PTX-H100-Softmax" if category == "softmax" else "PTX-H100-GEMM",
-        prompt_variant=0,
-        knowledge="full",
-        trajectory=0,
-        turn=number,
-        agent="a",
-        status="PASSED" if correct else "INCORRECT_NUMERICAL",
-        correct=correct,
-        qualified=None,
-        speedup=speedup,
-        latency_ms=None,
-        baseline_latency_ms=None,
-        reward=0.0,
-        reward_components={},
+def _record(number: int, speedup: float | None, category: str) -> TurnRecord:
+    """A turn of a category's task with a source and its code measured: correct when it has a
+    speedup."""
+    task_id = "PTX-H100-Softmax" if category == "softmax" else "PTX-H100-GEMM"
+    return replace(
+        turn(task_id, 0, 0, number, speedup=speedup),
         source=f"// turn {number}\n",
-        feedback="",
-        message="",
-        step_seconds=0.0,
-        evaluator="gpu",
         category=category,
         instructions_required=category != "softmax",
         quality={"lines": 10 * number, "cyclomatic_max": number, "maintainability": 50.0},
@@ -74,14 +61,13 @@ def _record(number: int, correct: bool, speedup: float | None, category: str) ->
 
 def test_reports_count_transitions_and_quality_by_category(tmp_path: Path) -> None:
     records = [
-        _record(1, False, None, "softmax"),
-        _record(2, True, 1.0, "softmax"),
-        _record(3, True, 2.0, "softmax"),
-        _record(4, False, None, "softmax"),
-        replace(_record(1, True, 1.0, "gemm"), qualified=True),
+        _record(1, None, "softmax"),
+        _record(2, 1.0, "softmax"),
+        _record(3, 2.0, "softmax"),
+        _record(4, None, "softmax"),
+        replace(_record(1, 1.0, "gemm"), qualified=True),
     ]
-    path = tmp_path / "run.jsonl"
-    path.write_text("".join(r.to_json() + "\n" for r in records), encoding="utf-8")
+    path = write(tmp_path / "run.jsonl", records)
     rows = {row.category: row for row in category_rows(load([path]), (1.0,))}
     assert list(rows) == ["gemm", "softmax"]  # the documented order of categories
     softmax = rows["softmax"]
@@ -100,9 +86,8 @@ def test_reports_count_transitions_and_quality_by_category(tmp_path: Path) -> No
 
 
 def test_the_report_shows_the_category_tables_in_every_format(tmp_path: Path) -> None:
-    records = [_record(1, False, None, "softmax"), _record(2, True, 1.5, "softmax")]
-    path = tmp_path / "run.jsonl"
-    path.write_text("".join(r.to_json() + "\n" for r in records), encoding="utf-8")
+    records = [_record(1, None, "softmax"), _record(2, 1.5, "softmax")]
+    path = write(tmp_path / "run.jsonl", records)
     markdown = report([path])
     assert "### By category" in markdown
     assert "| softmax | 1 | 1 | 2 | 0.50 | – | 1.50 | 0.50 | – |" in markdown
