@@ -73,7 +73,12 @@ SPLIT: dict[str, tuple[str, ...]] = {
         "ptxgym.evaluate.worker_process",
         "ptxgym.evaluate.reference_checks",
     ),
-    "ptxgym.bench.report": ("ptxgym.bench.runs", "ptxgym.bench.plots", "ptxgym.bench.categories"),
+    "ptxgym.bench.report": (
+        "ptxgym.bench.runs",
+        "ptxgym.bench.plots",
+        "ptxgym.bench.categories",
+        "ptxgym.bench.tables",
+    ),
     "ptxgym.interop.flashinfer_trace": (
         "ptxgym.interop.flashinfer_schema",
         "ptxgym.interop.reference_source",
