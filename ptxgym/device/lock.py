@@ -213,9 +213,16 @@ def startup_lock_path(device: int) -> Path:
 
 def startup_lock_for(device: int, locked: bool) -> str | None:
     """The start-up lock file a child process of device ``device`` holds while it makes its
-    CUDA context (``startup_hold``), as its spec names it: None where start-ups are not locked
+    CUDA context (``startup_hold``), as its spec names it, made if missing
+    (``ensure_holding_files``): None where start-ups are not locked
     (``JudgeSettings.lock_startups`` off)."""
-    return str(startup_lock_path(device)) if locked else None
+    return str(ensure_holding_files(startup_lock_path(device))) if locked else None
+
+
+def gpu_lock_for(device: int) -> str:
+    """The lock file of CUDA device ``device`` as a child process's spec names it, made if
+    missing (``ensure_holding_files``)."""
+    return str(ensure_holding_files(lock_path(device)))
 
 
 def startup_lock_of(gpu_lock: Path) -> Path:
@@ -333,6 +340,17 @@ def ensure_lock_file(path: Path) -> Path:
     own folder (ptxgym.sandbox.landlock), which can take a lock then but not make its file."""
     os.close(_open(path))
     return path
+
+
+def ensure_holding_files(path: Path) -> Path:
+    """``path``, the lock file, made if missing with its turnstile (``ensure_lock_file``): for a
+    confined child that takes the lock through ``holding``, whose shared holders cross the
+    turnstile. On a fresh machine the first to take a lock can be such a child: the judge's
+    CUPTI self-test counts before any timing made the GPU's turnstile, and its count run could
+    not (PermissionError), so the judge fell back to Nsight Compute (the thirty-first session's
+    first runs on the H200, docs/benchmarks.md)."""
+    ensure_lock_file(turnstile_path(path))
+    return ensure_lock_file(path)
 
 
 def _open(path: Path) -> int:

@@ -40,7 +40,7 @@ from pathlib import Path
 
 from ptxgym.build.sass import LISTING_FILE, module_listing
 from ptxgym.device.gpus import initialize_driver, make_context, physical_device
-from ptxgym.device.lock import holding, lock_path, startup_hold, startup_lock_for
+from ptxgym.device.lock import gpu_lock_for, holding, startup_hold, startup_lock_for
 from ptxgym.languages import get_language
 from ptxgym.languages.base import ENTRY_C_ABI
 from ptxgym.languages.triton.build import MODULE_FILE
@@ -128,7 +128,7 @@ def prepare(
             "workloads": [workload.payload() for workload in task.workloads],
             "seed": secrets.randbits(60),
             "facts": facts,
-            "gpu_lock": str(lock_path(device)),
+            "gpu_lock": gpu_lock_for(device),
             "startup_lock": startup_lock_for(device, lock_startup),
         }
         (run / "spec.json").write_text(json.dumps(spec))

@@ -44,8 +44,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from ptxgym.device.gpus import initialize_driver, physical_device
 from ptxgym.device.lock import (
     ensure_lock_file,
+    gpu_lock_for,
     holding,
-    lock_path,
     profiler_lock_path,
     profiler_turn,
     startup_hold,
@@ -171,7 +171,7 @@ class PendingCall:
         self._taken = self.folder / "gpu-taken"
         profiler_lock = str(ensure_lock_file(profiler_lock_path())) if under_profiler else None
         spec = {
-            "gpu_lock": str(lock_path(device)),
+            "gpu_lock": gpu_lock_for(device),
             # Held shared while the context is made (None: without the lock).
             "startup_lock": startup_lock_for(device, lock_startup),
             "go": str(self._go),

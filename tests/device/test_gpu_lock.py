@@ -2,9 +2,10 @@
 and threads; shared holders together, never with an exclusive one, which goes before later ones;
 a timing keeps start-ups out unless its settings let them beside it, waits for contexts and
 checks at once, and may keep start-ups waiting for its process's next timing; holders of every
-kind mixed never wait on each other for good; and the start-ups of workers and tool runs make
-their CUDA context holding the start-up lock shared (without it when the judge's settings turn
-that off)."""
+kind mixed never wait on each other for good; a child confined to its own folder takes the locks
+its spec names on a machine where no lock file was made yet; and the start-ups of workers and
+tool runs make their CUDA context holding the start-up lock shared (without it when the judge's
+settings turn that off)."""
 
 from __future__ import annotations
 
@@ -22,14 +23,18 @@ import pytest
 from ptxgym.device import lock as gpu_lock
 from ptxgym.device.lock import (
     exclusive_gpu,
+    gpu_lock_for,
     holding,
     lock_path,
     profiler_lock_path,
     shared_gpu,
     startup_hold,
+    startup_lock_for,
     startup_lock_path,
 )
 from ptxgym.evaluate.judge_settings import JudgeSettings, timing_hold
+from ptxgym.sandbox import landlock
+from ptxgym.sandbox.isolation import readable_paths, restrict_files
 
 
 def _hold(cache: str, locks: str, log: str, label: str) -> None:
@@ -44,6 +49,51 @@ def _hold(cache: str, locks: str, log: str, label: str) -> None:
             time.sleep(0.05)
             with open(log, "a") as out:
                 out.write(f"{label} end {time.monotonic()}\n")
+
+
+def _take_locks_confined(folder: str, locks: str, gpu: str, startups: str) -> None:
+    """As a tool run does: writes confined to its own folder, then the start-up lock and the
+    GPU's taken shared."""
+    if not restrict_files(Path(folder), [*readable_paths(), Path(locks)]):
+        raise SystemExit("not confined")
+    with startup_hold(Path(startups)):
+        pass
+    with holding(Path(gpu), exclusive=False):
+        pass
+
+
+def _confined_child_exit_code(tmp_path: Path, gpu: str, startups: str) -> int | None:
+    folder = tmp_path / "child"
+    folder.mkdir()
+    process = multiprocessing.get_context("fork").Process(
+        target=_take_locks_confined,
+        args=(str(folder), str(tmp_path / "locks"), gpu, startups),
+    )
+    process.start()
+    process.join(timeout=30)
+    return process.exitcode
+
+
+@pytest.mark.skipif(landlock.abi_version() < 1, reason="the kernel has no Landlock")
+def test_a_confined_child_takes_the_locks_its_spec_names_on_a_fresh_machine(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PTXGYM_LOCK_DIR", str(tmp_path / "locks"))
+    startups = startup_lock_for(0, locked=True)
+    assert startups is not None
+    assert _confined_child_exit_code(tmp_path, gpu_lock_for(0), startups) == 0
+
+
+@pytest.mark.skipif(landlock.abi_version() < 1, reason="the kernel has no Landlock")
+def test_a_confined_child_cannot_make_a_missing_lock_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # What the spec's lock files being made first prevents: the count run of the judge's CUPTI
+    # self-test, the first on a fresh host to take the GPU's lock, failed so.
+    monkeypatch.setenv("PTXGYM_LOCK_DIR", str(tmp_path / "locks"))
+    startups = startup_lock_for(0, locked=True)
+    assert startups is not None
+    assert _confined_child_exit_code(tmp_path, str(lock_path(0)), startups) not in (0, None)
 
 
 def test_processes_never_hold_the_gpu_at_once(tmp_path: Path) -> None:
