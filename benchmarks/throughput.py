@@ -119,6 +119,8 @@ def trajectory(
                 # Why the profile is unknown, when it is (a load-dependent failure shows here).
                 "profile_reason": (outcome["profile"] or {}).get("reason", ""),
                 "profile_method": (outcome["profile"] or {}).get("method", ""),
+                # Why it is not the one asked for (the judge fell back), or "".
+                "profile_note": (outcome["profile"] or {}).get("note", ""),
                 "stages": outcome["stage_seconds"],
                 # The step's seconds outside the build and the judge (its queue included):
                 # the env's own work (reward, feedback, records).
@@ -133,9 +135,12 @@ def trajectory(
         # A failure of the expert kernel is the judge's or the load's doing: say what it was.
         why = f" ({outcome['message'][:400]})" if info["status"] != "PASSED" else ""
         retried = " (judged again alone)" if "shared_attempt" in outcome["stage_seconds"] else ""
+        counted = records[-1]["profile_method"] or "not profiled"
+        if records[-1]["profile_note"]:
+            counted += f": {records[-1]['profile_note'][:400]}"
         print(
             f"{label} step {step}: {info['status']} in {records[-1]['step_s']:.1f} s, "
-            f"GPU alone {exclusive_s(records[-1]):.2f} s{retried}{why}",
+            f"GPU alone {exclusive_s(records[-1]):.2f} s, counted by {counted}{retried}{why}",
             file=sys.stderr,
             flush=True,
         )
@@ -399,6 +404,13 @@ def run_level(
                 r["profile_reason"][:300] or "not profiled"
                 for r in records
                 if r["qualified"] is None
+            )
+        ),
+        # What counted the instructions, with the judge's note where it fell back.
+        "profile_methods": dict(
+            collections.Counter(
+                ": ".join(filter(None, (r["profile_method"], r["profile_note"]))) or "not profiled"
+                for r in records
             )
         ),
     }
@@ -788,6 +800,9 @@ def report_levels(levels: list[dict[str, Any]]) -> None:
             for level in levels
         )
     )
+    for level in levels:
+        methods = ", ".join(f"{k} {v}" for k, v in level["profile_methods"].items())
+        print(f"- at {level['trajectories']}, counted by: {methods}")
     for level in levels:
         for reason, count in level["unknown_profiles"].items():
             print(f"\nAt {level['trajectories']}: {count} profile(s) unknown: {reason}")
