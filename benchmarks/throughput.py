@@ -484,7 +484,8 @@ def main() -> None:
         default=JudgeSettings.startups_beside_iters,
         metavar="ITERS",
         help="timings of at least ITERS calls per trial let CUDA start-ups run beside them "
-        "(JudgeSettings.startups_beside_iters; the judge's timings make 50)",
+        "(JudgeSettings.startups_beside_iters, default the judge's 50 timed calls; 0: every "
+        "timing keeps them out)",
     )
     parser.add_argument(
         "--startup-linger-s",
@@ -536,7 +537,7 @@ def main() -> None:
         spare_tool_runs=args.spare_tool_runs,
         check_streams=args.check_streams,
         lock_startups=not args.unlocked_startups,
-        startups_beside_iters=args.startups_beside_iters,
+        startups_beside_iters=args.startups_beside_iters or None,
         startup_linger_s=args.startup_linger_s,
         fork_workers=not args.spawn_workers,
         spare_profile_runs=args.spare_profile_runs,

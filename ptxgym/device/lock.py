@@ -16,9 +16,10 @@ nothing of ours: on the H200, a 42-ms GEMM timed with 2 warm-up calls and 3 tria
 eight processes made contexts in a loop, with no lock, was up to 5.8 % slower (docs/benchmarks.md,
 seventh session); a 1.4-ms one timed with the judge's 3 trials of 50 did not move. So a timing of
 many calls per trial may let start-ups in (``exclusive_gpu``'s ``startups_beside``, the judge's
-``JudgeSettings.startups_beside_iters``): whether it does is the timing's own choice, whatever the
-processes making contexts were told. The exclusive holds that are no timing (the profiler's
-call) leave the start-up lock alone: a context made beside it changes no count.
+``JudgeSettings.startups_beside_iters``, which its own protocol of 50 calls meets by default):
+whether it does is the timing's own choice, whatever the processes making contexts were told.
+The exclusive holds that are no timing (the profiler's call) leave the start-up lock alone: a
+context made beside it changes no count.
 
 Each lock is a pair of ``flock``s on files named after the physical GPU, in one folder for the
 whole machine (``paths.lock_dir``: not the cache folder, which differs between users, test sessions

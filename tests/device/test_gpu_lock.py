@@ -265,7 +265,7 @@ def _startup_entered_during(timing: Any) -> bool:
 @pytest.mark.parametrize(
     ("iters", "startups_beside_iters", "beside"),
     [(50, None, False), (5, 50, False), (50, 50, True), (200, 50, True)],
-    ids=["default", "few-calls", "as-many-calls", "more-calls"],
+    ids=["kept-out", "few-calls", "as-many-calls", "more-calls"],
 )
 def test_a_timing_keeps_start_ups_out_unless_its_protocol_lets_them_beside(
     tmp_path: Path,
@@ -287,6 +287,11 @@ def test_an_exclusive_hold_that_is_no_timing_leaves_start_ups_alone(
     monkeypatch.setenv("PTXGYM_LOCK_DIR", str(tmp_path / "locks"))
     assert _startup_entered_during(holding(lock_path(0), exclusive=True))
     assert not _startup_entered_during(exclusive_gpu(0))
+
+
+def test_the_judges_own_protocol_lets_start_ups_beside_and_a_short_one_keeps_them_out() -> None:
+    assert JudgeSettings().startups_beside_timings
+    assert not JudgeSettings(warmup=2, iters=5, trials=3).startups_beside_timings
 
 
 def test_the_settings_refuse_a_threshold_below_one_call() -> None:
