@@ -119,8 +119,8 @@ def trajectory(
                 # Why the profile is unknown, when it is (a load-dependent failure shows here).
                 "profile_reason": (outcome["profile"] or {}).get("reason", ""),
                 "profile_method": (outcome["profile"] or {}).get("method", ""),
-                # Why it is not the one asked for (the judge fell back), or "".
-                "profile_note": (outcome["profile"] or {}).get("note", ""),
+                # What counted the instructions, with the judge's note where it fell back.
+                "counted_by": counted_by(outcome["profile"]),
                 "stages": outcome["stage_seconds"],
                 # The step's seconds outside the build and the judge (its queue included):
                 # the env's own work (reward, feedback, records).
@@ -135,9 +135,7 @@ def trajectory(
         # A failure of the expert kernel is the judge's or the load's doing: say what it was.
         why = f" ({outcome['message'][:400]})" if info["status"] != "PASSED" else ""
         retried = " (judged again alone)" if "shared_attempt" in outcome["stage_seconds"] else ""
-        counted = records[-1]["profile_method"] or "not profiled"
-        if records[-1]["profile_note"]:
-            counted += f": {records[-1]['profile_note'][:400]}"
+        counted = records[-1]["counted_by"][:400]
         print(
             f"{label} step {step}: {info['status']} in {records[-1]['step_s']:.1f} s, "
             f"GPU alone {exclusive_s(records[-1]):.2f} s, counted by {counted}{retried}{why}",
@@ -146,6 +144,13 @@ def trajectory(
         )
     env.close()
     return records
+
+
+def counted_by(profile: dict[str, Any] | None) -> str:
+    """What counted a step's instructions (its outcome's ``profile``), with the judge's note
+    where that is not the method asked for (it fell back)."""
+    parts = (profile.get("method", ""), profile.get("note", "")) if profile else ()
+    return ": ".join(filter(None, parts)) or "not profiled"
 
 
 # Where each tool run's seconds went (ptxgym.evaluate.single_call.call_seconds), and the timing's
@@ -406,13 +411,7 @@ def run_level(
                 if r["qualified"] is None
             )
         ),
-        # What counted the instructions, with the judge's note where it fell back.
-        "profile_methods": dict(
-            collections.Counter(
-                ": ".join(filter(None, (r["profile_method"], r["profile_note"]))) or "not profiled"
-                for r in records
-            )
-        ),
+        "profile_methods": dict(collections.Counter(r["counted_by"] for r in records)),
     }
 
 

@@ -1,6 +1,6 @@
 """benchmarks/throughput.py: its steady rate (the first and the last round of steps left out),
 distinct steps that compile in every run, the GPU lock's holders named, and how start-ups met
-timings said."""
+timings said, and what counted each step."""
 
 from __future__ import annotations
 
@@ -133,3 +133,21 @@ def test_the_report_says_how_start_ups_met_timings(
         startup_linger_s=linger,
     )
     assert throughput.startup_policy(settings.__dict__) == said
+
+
+@pytest.mark.parametrize(
+    ("profile", "said"),
+    [
+        (None, "not profiled"),
+        ({"method": "cupti", "note": ""}, "cupti"),
+        (
+            {"method": "ncu", "note": "counted with Nsight Compute: the CUPTI self-test failed"},
+            "ncu: counted with Nsight Compute: the CUPTI self-test failed",
+        ),
+    ],
+    ids=["none", "asked-for", "fallen-back"],
+)
+def test_each_step_says_what_counted_it_and_why_when_the_judge_fell_back(
+    profile: dict[str, str] | None, said: str
+) -> None:
+    assert throughput.counted_by(profile) == said
