@@ -7,17 +7,16 @@ import warnings
 
 import gymnasium as gym
 import pytest
+from gemm_candidates import NAIVE_GEMM
 from gymnasium.utils.env_checker import check_env
 
 import ptxgym
-from ptxgym import paths
 from ptxgym.env import PTXKernelEnv
 from ptxgym.outcome import Status
 from ptxgym.reward import Reward
 from ptxgym.tasks import registry
 
 PTX_SPECS = [spec for spec in gym.registry.values() if spec.entry_point == ptxgym.ENTRY_POINT]
-NAIVE_GEMM = (paths.examples_dir() / "naive" / "gemm.cu").read_text()
 
 
 def test_every_task_is_registered_on_import() -> None:

@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import gymnasium as gym
 import pytest
+from gemm_candidates import NAIVE_GEMM
 from gymnasium.vector import AsyncVectorEnv, SyncVectorEnv
 
 import ptxgym  # noqa: F401  (registers the tasks)
-from ptxgym import paths
-
-NAIVE_GEMM = (paths.examples_dir() / "naive" / "gemm.cu").read_text()
 
 
 def _make(task_id: str) -> gym.Env[str, str]:

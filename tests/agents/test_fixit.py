@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 from chat_server import ChatRequest, ChatServer, Step
+from gemm_candidates import NAIVE_GEMM
 
 from ptxgym import paths
 from ptxgym.agents.openai_chat import ChatSettings, OpenAIAgent
@@ -32,7 +33,6 @@ from ptxgym.records.turns import TurnRecord, read_records
 pytestmark = pytest.mark.nvcc
 
 KEY, MODEL = "test-key", "teacher"
-NAIVE_GEMM = (paths.examples_dir() / "naive" / "gemm.cu").read_text()
 BROKEN = NAIVE_GEMM.replace("return", "retrun", 1)
 
 

@@ -8,17 +8,14 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from gemm_candidates import GEMM, NAIVE_GEMM
 
-from ptxgym import paths
 from ptxgym.env import PTXKernelEnv
 from ptxgym.evaluate.judge_settings import JudgeSettings
 from ptxgym.evaluate.local_gpu import LocalGPUEvaluator, incompatibility
-from ptxgym.tasks import get_task
 
 pytestmark = pytest.mark.gpu
 
-GEMM = get_task("PTX-H100-GEMM")
-NAIVE_GEMM = (paths.examples_dir() / "naive" / "gemm.cu").read_text()
 ENTRY_OPEN = "cudaStream_t stream) {\n"
 FMA = "acc[i][j] = fmaf(a[i], b[j], acc[i][j]);"
 CRASHER = NAIVE_GEMM.replace(ENTRY_OPEN, ENTRY_OPEN + "  *(volatile int*)nullptr = 1;\n", 1)

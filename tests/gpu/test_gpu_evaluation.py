@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
+from gemm_candidates import GEMM, NAIVE_GEMM
 
-from ptxgym import paths
 from ptxgym.env import PTXKernelEnv
 from ptxgym.evaluate.judge_settings import JudgeSettings
 from ptxgym.evaluate.local_gpu import LocalGPUEvaluator, incompatibility
@@ -22,8 +22,6 @@ from ptxgym.tasks import get_task
 
 pytestmark = pytest.mark.gpu
 
-GEMM = get_task("PTX-H100-GEMM")
-NAIVE_GEMM = (paths.examples_dir() / "naive" / "gemm.cu").read_text()
 ENTRY_OPEN = "cudaStream_t stream) {\n"
 LAUNCH = "gemm_tn_kernel<<<grid, kThreads, 0, stream>>>(A, B, C, M, N, K, vec_ab, vec_c);\n"
 FMA = "acc[i][j] = fmaf(a[i], b[j], acc[i][j]);"

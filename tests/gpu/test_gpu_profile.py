@@ -12,8 +12,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from gemm_candidates import GEMM, NAIVE_GEMM
 
-from ptxgym import paths
 from ptxgym.env import PTXKernelEnv
 from ptxgym.evaluate.count import SELF_TEST_KERNELS
 from ptxgym.evaluate.judge_settings import JudgeSettings
@@ -22,14 +22,11 @@ from ptxgym.evaluate.profile import profile_candidate
 from ptxgym.evaluate.worker import host_inputs
 from ptxgym.languages.cuda.compiler import compile_source
 from ptxgym.outcome import InstructionProfile
-from ptxgym.tasks import get_task
 
 pytestmark = pytest.mark.gpu
 
-GEMM = get_task("PTX-H100-GEMM")
 WORKLOAD = {"axes": GEMM.workloads[0].axes, "sequences": {}}
 BLOCKS = GEMM.workloads[0].axes["M"] // 64  # the test kernels launch one warpgroup per 64 rows
-NAIVE_GEMM = (paths.examples_dir() / "naive" / "gemm.cu").read_text()
 SHORT = JudgeSettings(stage_timeout_s=60.0, warmup=2, iters=5, trials=3)
 
 

@@ -8,21 +8,18 @@ import functools
 from typing import Any
 
 import pytest
+from gemm_candidates import GEMM, NAIVE_GEMM
 
-from ptxgym import paths
 from ptxgym.env import PTXKernelEnv
 from ptxgym.evaluate.judge_settings import JudgeSettings
 from ptxgym.evaluate.local_gpu import LocalGPUEvaluator, incompatibility
 from ptxgym.evaluate.sanitizer import sanitize_candidate
 from ptxgym.evaluate.worker import host_inputs
 from ptxgym.languages.cuda.compiler import compile_source
-from ptxgym.tasks import get_task
 
 pytestmark = pytest.mark.gpu
 
-GEMM = get_task("PTX-H100-GEMM")
 WORKLOAD = {"axes": GEMM.workloads[0].axes, "sequences": {}}
-NAIVE_GEMM = (paths.examples_dir() / "naive" / "gemm.cu").read_text()
 
 
 @functools.cache

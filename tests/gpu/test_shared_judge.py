@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import gymnasium as gym
 import pytest
+from gemm_candidates import NAIVE_GEMM
 from gymnasium.vector import AsyncVectorEnv
 
 import ptxgym  # noqa: F401  (registers the tasks)
-from ptxgym import paths
 from ptxgym.evaluate.judge_server import server_files
 from ptxgym.evaluate.judge_settings import JudgeSettings
 from ptxgym.evaluate.local_gpu import LocalGPUEvaluator, incompatibility
@@ -15,7 +15,6 @@ from ptxgym.tasks import get_task
 
 pytestmark = pytest.mark.gpu
 
-NAIVE_GEMM = (paths.examples_dir() / "naive" / "gemm.cu").read_text()
 SETTINGS = JudgeSettings(stage_timeout_s=63.0, warmup=2, iters=5, trials=3, profile=False)
 
 

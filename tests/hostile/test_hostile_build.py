@@ -21,8 +21,8 @@ import time
 from pathlib import Path
 
 import pytest
+from gemm_candidates import GEMM, HEADER, NAIVE_GEMM
 
-from ptxgym import paths
 from ptxgym.build import sandbox as build_sandbox
 from ptxgym.build.budget import BUDGET_ENV, build_slot
 from ptxgym.languages.cuda import compiler
@@ -44,13 +44,9 @@ from ptxgym.languages.cuda.compiler_log import (
     link_log,
 )
 from ptxgym.sandbox.processes import stat_fields
-from ptxgym.tasks import get_task
 
 pytestmark = pytest.mark.nvcc
 
-GEMM = get_task("PTX-H100-GEMM")
-NAIVE_GEMM = (paths.examples_dir() / "naive" / "gemm.cu").read_text()
-HEADER = "#include <cuda_runtime.h>\n#include <cuda_bf16.h>\n"
 ENTRY = (
     'extern "C" int gemm(const __nv_bfloat16* A, const __nv_bfloat16* B, __nv_bfloat16* C, '
     "int M, int N, int K, cudaStream_t stream) { return 0; }\n"

@@ -24,18 +24,16 @@ from typing import Any
 
 import pytest
 from catalogue import Attack, Secret, load_all, make_secret
+from gemm_candidates import GEMM, NAIVE_GEMM
 
 from ptxgym import paths
 from ptxgym.env import PTXKernelEnv
 from ptxgym.evaluate.judge_settings import JudgeSettings
 from ptxgym.evaluate.local_gpu import LocalGPUEvaluator, incompatibility
 from ptxgym.outcome import Status
-from ptxgym.tasks import get_task
 
 pytestmark = pytest.mark.gpu
 
-GEMM = get_task("PTX-H100-GEMM")
-NAIVE_GEMM = (paths.examples_dir() / "naive" / "gemm.cu").read_text()
 # Neither memcheck (tests/gpu/test_gpu_sanitizer.py) nor the profile: these tests are about the
 # evaluation's defences, and 2 steps per attack are slow enough already.
 SETTINGS = JudgeSettings(

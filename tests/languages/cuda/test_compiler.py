@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from gemm_candidates import GEMM, HEADER, NAIVE_GEMM, SIGNATURE
 
-from ptxgym import paths
 from ptxgym.build import budget as build_budget
 from ptxgym.evaluate.compile_only import CompileOnlyEvaluator
 from ptxgym.languages.cuda import compiler
@@ -25,14 +25,6 @@ from ptxgym.sandbox.processes import stat_fields
 from ptxgym.tasks import get_task
 
 pytestmark = pytest.mark.nvcc
-
-GEMM = get_task("PTX-H100-GEMM")
-NAIVE_GEMM = (paths.examples_dir() / "naive" / "gemm.cu").read_text()
-SIGNATURE = (
-    'extern "C" int gemm(const __nv_bfloat16* A, const __nv_bfloat16* B, __nv_bfloat16* C, '
-    "int M, int N, int K, cudaStream_t stream)"
-)
-HEADER = "#include <cuda_runtime.h>\n#include <cuda_bf16.h>\n"
 
 
 @pytest.mark.parametrize("task_id", ["PTX-H100-GEMM", "PTX-B200-GEMM"])

@@ -8,22 +8,13 @@ tests/hostile/test_hostile_build.py."""
 from __future__ import annotations
 
 import pytest
+from gemm_candidates import GEMM, HEADER, NAIVE_GEMM, SIGNATURE
 
-from ptxgym import paths
 from ptxgym.evaluate.compile_only import CompileOnlyEvaluator
 from ptxgym.languages.cuda.compiler import compile_source
 from ptxgym.outcome import Status
-from ptxgym.tasks import get_task
 
 pytestmark = pytest.mark.nvcc
-
-GEMM = get_task("PTX-H100-GEMM")
-NAIVE_GEMM = (paths.examples_dir() / "naive" / "gemm.cu").read_text()
-SIGNATURE = (
-    'extern "C" int gemm(const __nv_bfloat16* A, const __nv_bfloat16* B, __nv_bfloat16* C, '
-    "int M, int N, int K, cudaStream_t stream)"
-)
-HEADER = "#include <cuda_runtime.h>\n#include <cuda_bf16.h>\n"
 
 
 def test_syntax_error_gives_compile_error_with_the_nvcc_line() -> None:
